@@ -1,0 +1,60 @@
+"""The dashboard CSV (`results.csv`): one row per (entry, mode). Versioned: bump SCHEMA_VERSION on any
+change to COLUMNS and say what changed in CHANGES, so nightly files of different ages can be read."""
+
+from __future__ import annotations
+
+SCHEMA_VERSION = 1
+CHANGES = {1: "first version"}
+
+# Status words follow PyTorch's benchmarks/dynamo harness where it has one.
+STATUSES = (
+    "pass",  # ran and matched the baseline
+    "fail_accuracy",  # ran, numbers differ from the baseline beyond tolerance
+    "fail_to_run",  # an exception in eager mode (or at run time of a compiled graph)
+    "compile_fail",  # torch.compile / XLA compilation raised
+    "timeout",  # the per-entry time limit passed
+    "oom",  # the per-worker memory cap was hit
+    "crash",  # the worker process died (segfault, abort)
+    "baseline_fail",  # the model does not run on the CPU baseline: not the backend's fault
+    "not_available",  # the entry could not be built (not cached offline, missing dependency)
+    "skipped",  # deselected, or the mode does not apply
+)
+# Statuses that count against the backend ("crash-free" denominators leave these out).
+EXCLUDED_FROM_DENOMINATOR = ("baseline_fail", "not_available", "skipped")
+RUN_FAILURES = ("fail_to_run", "compile_fail", "timeout", "oom", "crash")
+MODES = ("eager", "compiled")
+
+# (column, type, description)
+COLUMNS: list[tuple[str, str, str]] = [
+    ("entry_id", "str", "stable zoo id, e.g. transformers/llama/LlamaForCausalLM"),
+    ("library", "str", "transformers | diffusers | hub | test"),
+    ("model_type", "str", "config model_type (or diffusers family)"),
+    ("model_class", "str", "model class name"),
+    ("task", "str", "task family, e.g. causal-lm, image-classification, diffusion"),
+    ("mode", "str", "eager | compiled"),
+    ("precision", "str", "float32 matmul precision on tpu: highest | high | medium"),
+    ("dtype", "str", "model dtype: float32 | bfloat16"),
+    ("status", "str", "one of STATUSES"),
+    ("error_type", "str", "exception class name, empty on success"),
+    ("error_message", "str", "first line of the error, normalised and truncated"),
+    ("failing_op", "str", "ATen op named by the error (missing lowering), if any"),
+    ("max_abs_err", "float", "max |tpu - baseline| over all output tensors"),
+    ("max_rel_err", "float", "max |tpu - baseline| / max(|baseline|) per tensor, worst tensor"),
+    ("cosine", "float", "lowest cosine similarity between tpu and baseline over output tensors"),
+    ("rmse_ratio", "float", "rmse(fp64, tpu) / rmse(fp64, baseline), worst tensor (PyTorch same() rule)"),
+    ("compile_s", "float", "seconds spent compiling (compiled mode: first call minus steady state)"),
+    ("first_run_s", "float", "seconds for the first call"),
+    ("run_s", "float", "steady-state seconds per call"),
+    ("compilations", "int", "XLA programs compiled for this entry"),
+    ("graph_breaks", "int", "Dynamo graph breaks"),
+    ("fallback_ops", "str", "ops that ran on the CPU fallback, op:count;..."),
+    ("located_module", "str", "diagnose: first module whose output diverges or raises"),
+    ("located_op", "str", "diagnose: first ATen op whose result differs or raises"),
+    ("repro_path", "str", "diagnose: standalone repro script"),
+    ("backend", "str", "which backend served tpu, e.g. hf_tpu-jax-cpu or torch_tpu"),
+    ("versions", "str", "package versions: torch=..;jax=..;transformers=..;diffusers=.."),
+    ("timestamp", "str", "UTC ISO-8601 time the row was written"),
+    ("schema_version", "int", "SCHEMA_VERSION of this row"),
+]
+COLUMN_NAMES = [c for c, _, _ in COLUMNS]
+KEY = ("entry_id", "mode")

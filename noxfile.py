@@ -1,0 +1,35 @@
+"""nox sessions: `tests` (CI's fast subset), `lint`, `nightly` (full sweep, compare with expected)."""
+
+import nox
+
+nox.options.default_venv_backend = "venv"
+nox.options.sessions = ["tests", "lint"]
+
+
+def _install(session: nox.Session) -> None:
+    # torch first and pinned: the CPU build on disk; anything looser may fetch a CUDA build.
+    session.install("torch==2.13.0")
+    session.install("-e", ".[test]")
+
+
+@nox.session
+def tests(session: nox.Session) -> None:
+    _install(session)
+    session.run("python", "-m", "pytest", "-m", "not slow", "-q", *session.posargs, env={"HF_HUB_OFFLINE": "1"})
+
+
+@nox.session
+def lint(session: nox.Session) -> None:
+    session.install("ruff")
+    session.run("ruff", "check", "hf_tpu", "harness", "tests")
+
+
+@nox.session
+def nightly(session: nox.Session) -> None:
+    """What .github/workflows/nightly.yml does, on one machine."""
+    _install(session)
+    env = {"HF_HUB_OFFLINE": "1"}
+    run_dir = session.posargs[0] if session.posargs else "reports/nightly"
+    session.run("hf-tpu", "sweep", "--zoo", "full", "--out", run_dir, env=env)
+    session.run("hf-tpu", "report", run_dir, env=env)
+    session.run("hf-tpu", "compare", run_dir, env=env)
