@@ -1,0 +1,2 @@
+def autoload() -> None:
+    """Called by `import torch` (the `torch.backends` entry point)."""
