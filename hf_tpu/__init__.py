@@ -1,1 +1,82 @@
-"""hf-tpu: PyTorch's `tpu` device (torch_tpu where TPU chips are attached, a JAX/XLA stand-in elsewhere)."""
+"""hf-tpu: PyTorch's `tpu` device for Hugging Face models.
+
+With torch_tpu installed and TPU chips attached, torch_tpu serves `tpu`; everywhere else hf_tpu registers
+a stand-in whose tensors live in JAX arrays and whose ops run through XLA. `import torch` alone registers
+it (see _autoload.py); importing hf_tpu is only needed for the functions below.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hf_tpu import device as _device
+
+__all__ = [
+    "backend_info",
+    "fallback_ops",
+    "reset_fallback_ops",
+    "compile_stats",
+    "reset_compile_stats",
+    "set_matmul_precision",
+    "get_matmul_precision",
+]
+
+if not _device.is_registered() and not _device.real_torch_tpu_present():
+    _device.register()
+
+
+def backend_info() -> dict[str, Any]:
+    """Which backend serves `tpu`, and on which JAX platform (starts JAX if it has not started)."""
+    import torch
+
+    name = torch._C._get_privateuse1_backend_name()
+    if not _device.is_registered():
+        return {"backend": "torch_tpu" if name == "tpu" else "none", "platform": "tpu" if name == "tpu" else None,
+                "device_name": name}
+    from hf_tpu import runtime
+
+    jax = runtime.jax()
+    return {
+        "backend": "hf_tpu",
+        "platform": runtime.platform(),
+        "jax_devices": [str(d) for d in jax.devices()],
+        "jax_version": jax.__version__,
+        "matmul_precision": get_matmul_precision(),
+        "cache_dir": str(runtime.cache_dir()),
+    }
+
+
+def fallback_ops() -> dict[str, int]:
+    from hf_tpu import dispatch
+
+    return dispatch.fallback_ops()
+
+
+def reset_fallback_ops() -> None:
+    from hf_tpu import dispatch
+
+    dispatch.reset_fallback_ops()
+
+
+def compile_stats() -> dict[str, int]:
+    from hf_tpu import compile as _compile
+
+    return _compile.stats()
+
+
+def reset_compile_stats() -> None:
+    from hf_tpu import compile as _compile
+
+    _compile.reset_stats()
+
+
+def set_matmul_precision(precision: str) -> None:
+    from hf_tpu import precision as _p
+
+    _p.set_matmul_precision(precision)
+
+
+def get_matmul_precision() -> str:
+    from hf_tpu import precision as _p
+
+    return _p.current()

@@ -1,0 +1,378 @@
+"""Eager mode: the PrivateUse1 fallback that runs every ATen op reaching a `tpu` tensor through JAX.
+
+One Python function serves all ops (PyTorch's pure-Python backend pattern). It sorts each op by its
+schema: factories and copies, views (aliasing kept in tensor.py), in-place ops and `out=` variants
+(computed functionally, then written back), and functional ops (lowering.py). Ops are asynchronous, as
+JAX is; TORCH_TPU_LAUNCH_BLOCKING=1 (or TPU_LAUNCH_BLOCKING=1) waits for each op so errors surface at
+the op that caused them.
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+import os
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch.utils import _pytree as pytree
+
+from hf_tpu import dtypes, lowering
+from hf_tpu import tensor as T
+
+aten = torch.ops.aten
+_fallback_counts: collections.Counter[str] = collections.Counter()
+_lock = threading.Lock()
+
+
+def launch_blocking() -> bool:
+    return os.environ.get("TORCH_TPU_LAUNCH_BLOCKING", os.environ.get("TPU_LAUNCH_BLOCKING", "0")) == "1"
+
+
+def cpu_fallback_enabled() -> bool:
+    return os.environ.get("HF_TPU_CPU_FALLBACK", "0") == "1"
+
+
+def fallback_ops() -> dict[str, int]:
+    """Ops that ran on the CPU fallback since the last reset, with how often."""
+    with _lock:
+        return dict(_fallback_counts)
+
+
+def reset_fallback_ops() -> None:
+    with _lock:
+        _fallback_counts.clear()
+
+
+class TpuOpError(RuntimeError):
+    """An op failed inside its JAX lowering; `.op` names it."""
+
+    def __init__(self, op: Any, exc: BaseException) -> None:
+        self.op = lowering.op_name(op)
+        super().__init__(f"{self.op} failed on tpu: {type(exc).__name__}: {exc}")
+
+
+# ---------------------------------------------------------------------------------------------- devices
+def check_device(device: Any) -> None:
+    if device is None:
+        return
+    device = torch.device(device)
+    if device.type == "tpu" and device.index not in (None, 0):
+        raise RuntimeError(
+            f"{device} is not a valid device: this machine has 1 tpu device (tpu:0). "
+            "Use device='tpu' or 'tpu:0'."
+        )
+
+
+def _mixed_device_error(op: Any, other: torch.Tensor) -> RuntimeError:
+    return RuntimeError(
+        f"Expected all tensors to be on the same device, but found at least two devices, tpu:0 and "
+        f"{other.device}! (when checking arguments for {lowering.op_name(op)})"
+    )
+
+
+# Ops that accept CPU index tensors next to device tensors, as CUDA does.
+_CPU_INDEX_OK = {"index", "index_put", "index_put_", "_index_put_impl_", "_unsafe_index", "_unsafe_index_put"}
+
+
+def _unwrap(op: Any, x: Any) -> Any:
+    if isinstance(x, torch.Tensor):
+        if x.device.type == "tpu":
+            return T.value(x)
+        if x.dim() == 0 or op.__name__.split(".")[0] in _CPU_INDEX_OK:
+            return T.from_cpu(x)  # a CPU scalar tensor acts as a scalar, as on CUDA
+        raise _mixed_device_error(op, x)
+    if isinstance(x, torch.device):
+        check_device(x)
+    return x
+
+
+# ------------------------------------------------------------------------------------------ op kinds
+@functools.cache
+def _kind(op: Any) -> str:
+    schema = op._schema
+    if any(a.is_out for a in schema.arguments):
+        return "out"
+    args = schema.arguments
+    if args and args[0].alias_info is not None and args[0].alias_info.is_write:
+        return "inplace"
+    rets = schema.returns
+    if rets and rets[0].alias_info is not None and not rets[0].alias_info.is_write:
+        return "view"
+    return "functional"
+
+
+@functools.cache
+def _functional_of(op: Any) -> Any:
+    """The functional op an in-place (`add_`) or out= (`add.out`) op computes."""
+    packet = op.overloadpacket
+    schema = op._schema
+    if _kind(op) == "inplace":
+        name = packet.__name__.rstrip("_")
+        base = getattr(aten, name, None)
+        if base is None:
+            return None
+        ov = schema.overload_name or "default"
+        return getattr(base, ov) if ov in base.overloads() else base
+    names = [a.name for a in schema.arguments if not a.is_out]
+    for ov in packet.overloads():
+        cand = getattr(packet, ov)
+        cargs = cand._schema.arguments
+        if not any(a.is_out for a in cargs) and [a.name for a in cargs] == names:
+            return cand
+    # out= overloads often drop kwargs the functional lacks (e.g. dtype): match positionally
+    pos = [a.name for a in schema.arguments if not a.is_out and not a.kwarg_only]
+    for ov in packet.overloads():
+        cand = getattr(packet, ov)
+        cargs = cand._schema.arguments
+        if not any(a.is_out for a in cargs) and [a.name for a in cargs if not a.kwarg_only] == pos:
+            return cand
+    return None
+
+
+# ------------------------------------------------------------------------------------- dtype fix-ups
+_meta_cache: dict[Any, Any] = {}
+
+
+def _meta_dtypes(op: Any, args: tuple, kwargs: dict) -> list[torch.dtype] | None:
+    """The output dtypes PyTorch gives this op for these input dtypes (meta kernels, cached).
+
+    torchax's lowerings sometimes return a different dtype than PyTorch (JAX promotion, x64 defaults);
+    the result is cast to PyTorch's dtype so `.dtype` and the numbers agree with CPU."""
+    leaves = pytree.tree_leaves((args, kwargs))
+    key = (op, tuple((x.dtype, x.dim() == 0, x.device.type) if isinstance(x, torch.Tensor) else
+                     (x if isinstance(x, (torch.dtype, bool)) else type(x)) for x in leaves))
+    try:
+        return _meta_cache[key]
+    except KeyError:
+        pass
+    except TypeError:  # unhashable leaf
+        return None
+
+    def to_meta(x: Any) -> Any:
+        if isinstance(x, torch.Tensor) and x.device.type == "tpu":
+            return torch.empty(x.shape, dtype=x.dtype, device="meta")
+        if isinstance(x, torch.device) and x.type == "tpu":
+            return torch.device("meta")
+        return x
+
+    try:
+        margs, mkwargs = pytree.tree_map(to_meta, (args, kwargs))
+        out = op(*margs, **mkwargs)
+        result = [o.dtype if isinstance(o, torch.Tensor) else None for o in pytree.tree_leaves(out)]
+    except Exception:
+        result = None
+    _meta_cache[key] = result
+    return result
+
+
+def _wrap_outputs(op: Any, res: Any, args: tuple, kwargs: dict, want_dtype: torch.dtype | None = None) -> Any:
+    leaves, spec = pytree.tree_flatten(res)
+    if not any(hasattr(x, "shape") and hasattr(x, "dtype") for x in leaves):
+        return res  # a Python scalar or bool (.item(), is_nonzero, ...)
+    expected = _meta_dtypes(op, args, kwargs) if want_dtype is None else None
+    out = []
+    for i, x in enumerate(leaves):
+        if hasattr(x, "shape") and hasattr(x, "dtype") and not isinstance(x, torch.Tensor):
+            dt = want_dtype or (expected[i] if expected and i < len(expected) and expected[i] else None)
+            if dt is not None and dtypes.to_jax(dt) != x.dtype:
+                x = x.astype(dtypes.to_jax(dt))
+            if launch_blocking():
+                x.block_until_ready()
+            x = T.wrap(x, dt)
+        out.append(x)
+    return pytree.tree_unflatten(out, spec)
+
+
+# --------------------------------------------------------------------------------------- functional
+def _cpu_fallback(op: Any, args: tuple, kwargs: dict) -> Any:
+    def to_cpu(x: Any) -> Any:
+        if isinstance(x, torch.Tensor) and x.device.type == "tpu":
+            return T.to_cpu(T.value(x), x.dtype)
+        if isinstance(x, torch.device) and x.type == "tpu":
+            return torch.device("cpu")
+        return x
+
+    cargs, ckwargs = pytree.tree_map(to_cpu, (args, kwargs))
+    res = op(*cargs, **ckwargs)
+    with _lock:
+        _fallback_counts[lowering.op_name(op)] += 1
+    return pytree.tree_map_only(torch.Tensor, lambda t: T.wrap(T.from_cpu(t), t.dtype), res)
+
+
+def run_functional(op: Any, args: tuple, kwargs: dict) -> Any:
+    fn = lowering.find(op)
+    if fn is None:
+        dec = lowering.decomposition(op)
+        if dec is not None:
+            return dec(*args, **kwargs)
+        if cpu_fallback_enabled():
+            return _cpu_fallback(op, args, kwargs)
+        raise lowering.NoLowering(op)
+    jargs, jkwargs = pytree.tree_map(functools.partial(_unwrap, op), (args, kwargs))
+    try:
+        res = fn(*jargs, **jkwargs)
+    except (NotImplementedError, lowering.NoLowering):
+        raise
+    except Exception as exc:
+        if cpu_fallback_enabled():
+            return _cpu_fallback(op, args, kwargs)
+        raise TpuOpError(op, exc) from exc
+    return _wrap_outputs(op, res, args, kwargs)
+
+
+# ----------------------------------------------------------------------------------- special cases
+def _zeros(size: Any, dtype: torch.dtype | None) -> torch.Tensor:
+    from hf_tpu import runtime
+
+    dtype = dtypes.check(dtype or torch.get_default_dtype())
+    jnp = runtime.jax().numpy
+    return T.wrap(jnp.zeros(tuple(int(s) for s in size), dtypes.to_jax(dtype)), dtype)
+
+
+def _empty(size: Any, *, dtype: Any = None, device: Any = None, **_: Any) -> torch.Tensor:
+    check_device(device)
+    return _zeros(size, dtype)
+
+
+def _empty_strided(size: Any, stride: Any, *, dtype: Any = None, device: Any = None, **_: Any) -> torch.Tensor:
+    check_device(device)
+    return _zeros(size, dtype)
+
+
+def _copy_from(src: torch.Tensor, dst: torch.Tensor, non_blocking: bool = False) -> torch.Tensor:
+    if dst.device.type == "tpu":
+        if src.device.type == "tpu":
+            T.assign(dst, T.value(src))
+        else:
+            T.assign(dst, T.from_cpu(src))
+        return dst
+    dst.copy_(T.to_cpu(T.value(src), src.dtype))
+    return dst
+
+
+def _copy_from_and_resize(src: torch.Tensor, dst: torch.Tensor) -> torch.Tensor:
+    if tuple(dst.shape) != tuple(src.shape):
+        if dst.device.type == "tpu":
+            T.replace(dst, T.value(src) if src.device.type == "tpu" else T.from_cpu(src))
+            return dst
+        dst.resize_(src.shape)
+    return _copy_from(src, dst)
+
+
+def _infer_size(size: Any, numel: int) -> list[int]:
+    size = [int(s) for s in size]
+    if -1 in size:
+        i = size.index(-1)
+        known = 1
+        for j, s in enumerate(size):
+            if j != i:
+                known *= s
+        size[i] = numel // known if known else 0
+    n = 1
+    for s in size:
+        n *= s
+    if n != numel:
+        raise RuntimeError(f"shape '{size}' is invalid for input of size {numel}")
+    return size
+
+
+def _view(src: torch.Tensor, size: Any) -> torch.Tensor:
+    return T.view_reshape(src, _infer_size(size, src.numel()))
+
+
+def _as_strided(src: torch.Tensor, size: Any, stride: Any, storage_offset: Any = None) -> torch.Tensor:
+    return T.make_view(src, list(size), T.as_strided_index(src, list(size), list(stride), int(storage_offset or 0)))
+
+
+def _generic_view(op: Any, args: tuple, kwargs: dict) -> torch.Tensor:
+    """Any other view op: its meta kernel says where the view lands in the source's logical frame."""
+    src = args[0]
+    meta = torch.empty(src.shape, dtype=src.dtype, device="meta")
+    out = op(meta, *args[1:], **kwargs)
+    if isinstance(out, (list, tuple)):
+        return type(out)(_as_strided(src, o.shape, o.stride(), o.storage_offset()) for o in out)
+    return _as_strided(src, out.shape, out.stride(), out.storage_offset())
+
+
+def _resize_(t: torch.Tensor, size: Any, memory_format: Any = None) -> torch.Tensor:
+    size = [int(s) for s in size]
+    if list(t.shape) == size:
+        return t
+    from hf_tpu import runtime
+
+    jnp = runtime.jax().numpy
+    old = T.value(t).reshape(-1)
+    n = 1
+    for s in size:
+        n *= s
+    flat = jnp.zeros((n,), old.dtype).at[: min(n, old.size)].set(old[: min(n, old.size)])
+    T.replace(t, flat.reshape(size))
+    return t
+
+
+def _set_source_tensor(t: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
+    t.data = src  # shares src's StorageImpl, hence its payload
+    return t
+
+
+SPECIAL: dict[Any, Callable[..., Any]] = {
+    aten.empty.memory_format: _empty,
+    aten.empty_strided.default: _empty_strided,
+    aten._copy_from.default: _copy_from,
+    aten._copy_from_and_resize.default: _copy_from_and_resize,
+    aten.view.default: _view,
+    aten._unsafe_view.default: _view,
+    aten._reshape_alias.default: lambda src, size, stride: _view(src, size),
+    aten.alias.default: lambda src: T.view_reshape(src, list(src.shape)),
+    aten.as_strided.default: _as_strided,
+    aten.resize_.default: _resize_,
+    aten.set_.source_Tensor: _set_source_tensor,
+    aten.is_pinned.default: lambda *a, **k: False,
+    aten.record_stream.default: lambda *a, **k: None,
+}
+
+
+# ------------------------------------------------------------------------------------------- entry
+def dispatch(op: Any, args: tuple, kwargs: dict) -> Any:
+    special = SPECIAL.get(op)
+    if special is not None:
+        return special(*args, **kwargs)
+    kind = _kind(op)
+    if kind == "functional":
+        return run_functional(op, args, kwargs)
+    if kind == "view":
+        return _generic_view(op, args, kwargs)
+    func = _functional_of(op)
+    if func is None:
+        if cpu_fallback_enabled():
+            return _cpu_fallback(op, args, kwargs)
+        raise lowering.NoLowering(op, " (no functional form to compute it from)")
+    if kind == "inplace":
+        target = args[0]
+        res = run_functional(func, args, kwargs)
+        T.assign(target, T.value(res) if isinstance(res, torch.Tensor) and res.device.type == "tpu" else res)
+        return target
+    # out=: compute functionally, then store (resizing outputs of the wrong shape, as PyTorch does)
+    kwargs = dict(kwargs)
+    outs = [kwargs.pop(a.name) for a in op._schema.arguments if a.is_out and a.name in kwargs]
+    fargs = {a.name for a in func._schema.arguments}
+    kwargs = {k: v for k, v in kwargs.items() if k in fargs}
+    if "dtype" in fargs and kwargs.get("dtype") is None and outs:
+        kwargs["dtype"] = outs[0].dtype
+    res = run_functional(func, args, kwargs)
+    results = list(res) if isinstance(res, (list, tuple)) else [res]
+    for o, r in zip(outs, results):
+        v = T.value(r) if isinstance(r, torch.Tensor) and r.device.type == "tpu" else r
+        if tuple(o.shape) != tuple(getattr(v, "shape", ())) and o.numel() != getattr(v, "size", -1):
+            T.replace(o, v.astype(dtypes.to_jax(o.dtype)))
+        else:
+            T.assign(o, v)
+    return outs[0] if len(outs) == 1 else tuple(outs)
+
+
+def fallback(op: Any, *args: Any, **kwargs: Any) -> Any:
+    """The PrivateUse1 fallback registered for every ATen op (device.py)."""
+    return dispatch(op, args, kwargs)

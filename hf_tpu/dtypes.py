@@ -1,0 +1,79 @@
+"""Which torch dtypes `tpu` tensors hold, and their JAX counterparts."""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import torch
+
+# float64 is supported (JAX's x64 mode): the harness's fp64 reference runs on CPU, but user code that
+# keeps a float64 buffer (rotary tables, schedulers) must get float64 numbers, not silently float32.
+_SUPPORTED = (
+    torch.bool,
+    torch.uint8,
+    torch.int8,
+    torch.int16,
+    torch.int32,
+    torch.int64,
+    torch.float16,
+    torch.bfloat16,
+    torch.float32,
+    torch.float64,
+    torch.complex64,
+    torch.complex128,
+)
+SUPPORTED_DTYPES = frozenset(_SUPPORTED)
+
+
+class UnsupportedDtypeError(TypeError):
+    pass
+
+
+def check(dtype: torch.dtype) -> torch.dtype:
+    if dtype not in SUPPORTED_DTYPES:
+        names = ", ".join(str(d).removeprefix("torch.") for d in _SUPPORTED)
+        raise UnsupportedDtypeError(
+            f"tpu does not support dtype {dtype}; supported dtypes: {names}. "
+            f"Convert on CPU first, e.g. tensor.to(torch.float32) before .to('tpu')."
+        )
+    return dtype
+
+
+@functools.cache
+def _tables() -> tuple[dict[torch.dtype, Any], dict[Any, torch.dtype]]:
+    import jax.numpy as jnp
+
+    t2j = {
+        torch.bool: jnp.bool_,
+        torch.uint8: jnp.uint8,
+        torch.int8: jnp.int8,
+        torch.int16: jnp.int16,
+        torch.int32: jnp.int32,
+        torch.int64: jnp.int64,
+        torch.float16: jnp.float16,
+        torch.bfloat16: jnp.bfloat16,
+        torch.float32: jnp.float32,
+        torch.float64: jnp.float64,
+        torch.complex64: jnp.complex64,
+        torch.complex128: jnp.complex128,
+    }
+    j2t = {jnp.dtype(v): k for k, v in t2j.items()}
+    return {k: jnp.dtype(v) for k, v in t2j.items()}, j2t
+
+
+def to_jax(dtype: torch.dtype) -> Any:
+    try:
+        return _tables()[0][dtype]
+    except KeyError:
+        check(dtype)
+        raise
+
+
+def to_torch(jax_dtype: Any) -> torch.dtype:
+    import jax.numpy as jnp
+
+    try:
+        return _tables()[1][jnp.dtype(jax_dtype)]
+    except KeyError:
+        raise UnsupportedDtypeError(f"tpu got a JAX array of dtype {jax_dtype}, which has no torch dtype") from None

@@ -1,0 +1,102 @@
+"""ATen op -> JAX function on arrays: torchax's lowerings first, a few of our own where it has none.
+
+Used by both modes: eager dispatch (dispatch.py) calls these on concrete arrays, the compiler
+(compile.py) calls them on tracers inside one `jax.jit`.
+
+Hand-written lowerings (torchax 0.0.13 has none for these):
+  _fused_sdp_choice  -> 0 (the math kernel), so SDPA decomposes into matmuls that honour tpu precision
+  as_strided         -> gather; functional form for compiled graphs (eager keeps aliasing in tensor.py)
+  alias, lift_fresh, _to_copy (dtype only), _unsafe_view, expand_copy identity-like helpers
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+
+from hf_tpu import dtypes, precision
+from hf_tpu.rng import ENV
+from hf_tpu.torchax_compat import load_op_table
+
+aten = torch.ops.aten
+
+
+def _as_strided(x: Any, size: list[int], stride: list[int], storage_offset: int | None = None) -> Any:
+    idx = np.full([int(s) for s in size], int(storage_offset or 0), dtype=np.int64)
+    for d, (n, st) in enumerate(zip(size, stride)):
+        shape = [1] * len(size)
+        shape[d] = int(n)
+        idx = idx + (np.arange(int(n), dtype=np.int64) * int(st)).reshape(shape)
+    return x.reshape(-1)[idx]
+
+
+def _to_copy(x: Any, *, dtype: torch.dtype | None = None, **_: Any) -> Any:
+    return x if dtype is None else x.astype(dtypes.to_jax(dtype))
+
+
+HAND_LOWERINGS: dict[Any, Callable[..., Any]] = {
+    aten._fused_sdp_choice.default: lambda *a, **k: 0,
+    aten.as_strided.default: _as_strided,
+    aten.alias.default: lambda x: x,
+    aten.lift_fresh.default: lambda x: x,
+    aten._to_copy.default: _to_copy,
+}
+
+
+class NoLowering(NotImplementedError):
+    """An ATen op has no JAX lowering; `.op` names it (e.g. aten::_fft_c2c)."""
+
+    def __init__(self, op: Any, detail: str = "") -> None:
+        self.op = op_name(op)
+        msg = (
+            f"hf_tpu: no JAX lowering for {self.op} on tpu{detail}. Set HF_TPU_CPU_FALLBACK=1 to run such "
+            "ops on CPU (recorded by hf_tpu.fallback_ops()), or add a lowering to hf_tpu/lowering.py."
+        )
+        super().__init__(msg)
+
+
+def op_name(op: Any) -> str:
+    """`aten::name.overload`, the way PyTorch's errors spell an op."""
+    try:
+        schema = op._schema
+        return f"{schema.name}.{schema.overload_name or 'default'}"
+    except AttributeError:
+        return str(op)
+
+
+@functools.cache
+def find(op: Any) -> Callable[..., Any] | None:
+    """The JAX function for `op` (an OpOverload), or None."""
+    fn = HAND_LOWERINGS.get(op)
+    if fn is None:
+        lowerings, _ = load_op_table()
+        entry = lowerings.get(op) or lowerings.get(getattr(op, "overloadpacket", None))
+        if entry is None:
+            return None
+        fn = entry.func
+        if entry.needs_env:
+            fn = functools.partial(fn, env=ENV)
+    name = op.__name__.split(".")[0] if hasattr(op, "__name__") else ""
+    if name in precision.MATMUL_OPERANDS:
+        inner = fn
+
+        def fn(*args: Any, **kwargs: Any) -> Any:  # noqa: F811 - the precision-aware variant
+            return inner(*precision.round_args(name, args, precision.current()), **kwargs)
+
+    return fn
+
+
+@functools.cache
+def decomposition(op: Any) -> Callable[..., Any] | None:
+    """A pure-torch decomposition of `op` (torchax's, then PyTorch's), run on tpu tensors."""
+    _, decomps = load_op_table()
+    fn = decomps.get(op) or decomps.get(getattr(op, "overloadpacket", None))
+    if fn is None:
+        from torch._decomp import decomposition_table
+
+        fn = decomposition_table.get(op)
+    return fn

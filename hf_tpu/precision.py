@@ -1,0 +1,99 @@
+"""TPU matmul precision, kept on any XLA platform.
+
+TorchTPU multiplies float32 matrices in bfloat16 by default. `torch.set_float32_matmul_precision`
+picks: "medium" (bfloat16 products, float32 sums; the tpu default), "high" (three bfloat16 passes,
+about 16 significant bits) or "highest" (float32). XLA:CPU ignores precision hints, so the stand-in
+emulates them by rounding the two float32 operands of each matmul-like op before a float32 product:
+a bfloat16 x bfloat16 product is exact in float32, so rounding the operands *is* the bfloat16 pass.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+
+PRECISIONS = ("highest", "high", "medium")
+_explicit: str | None = None
+_orig_set = torch.set_float32_matmul_precision
+
+
+def set_matmul_precision(precision: str) -> None:
+    """Set the float32 matmul precision for tpu (and, like torch's setter, for other devices)."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"matmul precision must be one of {PRECISIONS}, got {precision!r}")
+    global _explicit
+    _explicit = precision
+    _orig_set(precision)
+
+
+def _tracking_set(precision: str) -> None:
+    # torch's own setter, remembering that the user chose: tpu then follows their choice instead of
+    # TorchTPU's "medium" default (torch's global default "highest" cannot be told apart from a choice).
+    set_matmul_precision(precision)
+
+
+def install() -> None:
+    torch.set_float32_matmul_precision = _tracking_set
+
+
+def current() -> str:
+    if _explicit is not None:
+        return _explicit
+    return os.environ.get("HF_TPU_MATMUL_PRECISION", "medium")
+
+
+# ATen ops whose float32 operands are rounded, by operand position.
+MATMUL_OPERANDS: dict[str, tuple[int, ...]] = {
+    "mm": (0, 1),
+    "bmm": (0, 1),
+    "matmul": (0, 1),
+    "dot": (0, 1),
+    "vdot": (0, 1),
+    "mv": (0, 1),
+    "addmm": (1, 2),
+    "baddbmm": (1, 2),
+    "addbmm": (1, 2),
+    "addmv": (1, 2),
+    "convolution": (0, 1),
+    "_convolution": (0, 1),
+    "conv1d": (0, 1),
+    "conv2d": (0, 1),
+    "conv3d": (0, 1),
+    "conv_transpose1d": (0, 1),
+    "conv_transpose2d": (0, 1),
+    "conv_transpose3d": (0, 1),
+    "linear": (0, 1),
+    "einsum": (),  # operands come as a list: handled in round_args
+    "_scaled_dot_product_flash_attention": (0, 1, 2),
+    "_scaled_dot_product_efficient_attention": (0, 1, 2),
+    "scaled_dot_product_attention": (0, 1, 2),
+}
+
+
+def round_operand(x: Any, precision: str) -> Any:
+    import jax.numpy as jnp
+
+    if getattr(x, "dtype", None) != jnp.float32 or precision == "highest":
+        return x
+    hi = x.astype(jnp.bfloat16).astype(jnp.float32)
+    if precision == "medium":
+        return hi
+    lo = (x - hi).astype(jnp.bfloat16).astype(jnp.float32)
+    return hi + lo
+
+
+def round_args(op_name: str, args: tuple, precision: str) -> tuple:
+    if precision == "highest":
+        return args
+    positions = MATMUL_OPERANDS.get(op_name)
+    if positions is None:
+        return args
+    args = list(args)
+    if op_name == "einsum" and len(args) > 1 and isinstance(args[1], (list, tuple)) and len(args[1]) == 2:
+        args[1] = [round_operand(a, precision) for a in args[1]]
+    for i in positions:
+        if i < len(args):
+            args[i] = round_operand(args[i], precision)
+    return tuple(args)
