@@ -1,0 +1,3 @@
+"""placeholder"""
+def diffusers_entries():
+    return []

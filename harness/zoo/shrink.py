@@ -1,0 +1,290 @@
+"""Shrink a transformers config to a tiny model of the same architecture.
+
+The config's own defaults are the starting point (so every architecture-specific switch keeps its default),
+then sizes are lowered by key-name rules and the invariants that the rules could break are restored:
+head dims that divide, kv heads that divide heads, one layer of each kind in `layer_types`, token ids inside
+the shrunk vocabulary. Sub-configs (text_config, vision_config, ...) are shrunk recursively."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from dataclasses import dataclass
+from typing import Any
+
+# Keys that never describe an architecture and must not be passed back to a config constructor.
+_DROP = {"transformers_version", "architectures", "_name_or_path", "_commit_hash", "auto_map", "dtype", "torch_dtype",
+         "_attn_implementation_autoset", "output_attentions", "output_hidden_states", "return_dict"}
+
+
+@dataclass(frozen=True)
+class Size:
+    """Target sizes: values above these are lowered to them (values already smaller are kept)."""
+
+    hidden: int = 64
+    layers: int = 2
+    heads: int = 4
+    kv_heads: int = 2
+    head_dim: int = 16
+    intermediate: int = 128
+    vocab: int = 1024
+    experts: int = 4
+    top_k: int = 2
+    image: int = 64
+    positions: int = 512
+    stage_width: int = 16  # first stage width of CNN / hierarchical backbones
+
+
+def _rx(*alts: str) -> re.Pattern[str]:
+    return re.compile("^(" + "|".join(alts) + ")$")
+
+
+R_LAYERS = _rx(r"num_hidden_layers", r"num_layers", r"n_layers?", r"encoder_layers", r"decoder_layers",
+               r"num_encoder_layers", r"num_decoder_layers", r"num_.*_layers", r".*_num_layers",
+               r".*_num_hidden_layers", r"depth", r"num_blocks", r"n_blocks", r"text_layers", r"vision_layers",
+               r"num_hidden_blocks", r".*_layers_count", r"num_layers_.*")
+R_KV_HEADS = _rx(r"num_key_value_heads", r"n_kv_heads?", r"num_kv_heads", r".*_key_value_heads", r"multi_query_group_num")
+R_HEADS = _rx(r"num_attention_heads", r"n_heads?", r"num_heads", r"encoder_attention_heads", r"decoder_attention_heads",
+              r"attention_heads", r".*_attention_heads", r".*_num_heads", r"num_heads_.*", r"num_attention_heads_.*")
+R_HEAD_DIM = _rx(r"head_dim", r"attention_head_dim", r"kv_channels", r"d_kv", r"qk_head_dim", r"v_head_dim",
+                 r"qk_nope_head_dim", r"qk_rope_head_dim", r"attention_head_size", r".*_head_dim")
+R_HIDDEN = _rx(r"hidden_size", r"d_model", r"n_embd", r"embed_dim", r"dim", r"hidden_dim", r"model_dim", r"d_embed",
+               r"embedding_size", r"emb_dim", r"word_embed_proj_dim", r"projection_dim", r"text_embed_dim",
+               r"vision_embed_dim", r"encoder_hidden_size", r"decoder_hidden_size", r"output_hidden_size",
+               r".*_hidden_size", r".*_embed_dim", r".*_d_model", r"embedding_dim", r"n_embed",
+               r"projection_hidden_size", r"q_lora_rank", r"kv_lora_rank", r"hidden_channels",
+               r"mm_hidden_size", r"adapter_hidden_size", r"d_latents", r".*_hidden_dim", r".*_embedding_dim",
+               r"codebook_dim", r".*_projection_dim", r"proj_dim", r"d_state_hidden", r"latent_dim")
+R_INTERMEDIATE = _rx(r"intermediate_size", r"ffn_dim", r".*_ffn_dim", r"n_inner", r"d_ff", r"ffn_hidden_size",
+                     r"mlp_dim", r"moe_intermediate_size", r"shared_expert_intermediate_size", r"d_inner",
+                     r"feed_forward_size", r".*_intermediate_size", r"intermediate_dim", r"mlp_hidden_size",
+                     r".*_ffn_hidden_size", r"encoder_ffn_dim", r"decoder_ffn_dim", r"dim_feedforward",
+                     r".*_feedforward_dim", r"intermediate_size_.*", r"mlp_ratio_dim")
+R_EXPERTS = _rx(r"num_experts", r"num_local_experts", r"n_routed_experts", r"moe_num_experts", r"num_experts_per_layer",
+                r"n_experts", r"num_routed_experts")
+R_TOP_K = _rx(r"num_experts_per_tok", r"moe_topk", r"top_k", r"num_selected_experts", r"moe_k", r"n_group",
+              r"topk_group", r"num_experts_per_token")
+R_VOCAB = _rx(r"vocab_size", r".*_vocab_size", r"codebook_size", r"num_codes", r"n_codes", r"num_embeddings")
+R_TOKEN_ID = re.compile(r".*(_token_id|_token_index|_token_ids|_token)$")
+R_POSITIONS = _rx(r"max_position_embeddings", r"max_target_positions", r"n_positions", r"n_ctx", r"max_seq_len",
+                  r"max_sequence_length", r"seq_length", r"max_length", r"original_max_position_embeddings")
+R_IMAGE = _rx(r"image_size", r"img_size", r"input_size", r"image_resolution")
+R_STAGE_WIDTHS = _rx(r"hidden_sizes", r"embed_dims", r"dims", r"embedding_sizes", r"channels", r"hidden_dims",
+                     r"neck_hidden_sizes", r"encoder_hidden_sizes", r"conv_dim", r"block_out_channels",
+                     r"stage_channels", r"widths", r"out_channels_list", r"decoder_hidden_sizes",
+                     r"encoder_hidden_dims")
+R_STAGE_DEPTHS = _rx(r"depths", r"num_layers_per_stage", r"layers", r"block_layers", r"stage_depths",
+                     r"num_blocks_per_stage", r"block_repeats", r"encoder_layers_per_stage", r"stage_num_blocks")
+R_STAGE_HEADS = _rx(r"num_heads", r"num_attention_heads", r"heads", r"attention_heads", r"encoder_attention_heads",
+                    r"num_heads_per_stage")
+# Lists whose length is a stage/feature count that must not be cut even if it equals the layer count.
+_KEEP_LENGTH = {"conv_kernel", "conv_stride", "out_features", "out_indices", "stage_names", "strides", "patch_sizes",
+                "kernel_sizes", "sr_ratios", "mlp_ratios", "depths", "lags_sequence", "aux_loss_indices"}
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _shrink_int(key: str, v: int, d: dict[str, Any], size: Size) -> int:
+    """The new value of one integer setting (never larger than the old one)."""
+    if v <= 0:
+        return v
+    if R_LAYERS.match(key):
+        return min(v, size.layers)
+    if R_KV_HEADS.match(key):
+        return min(v, size.kv_heads)
+    if R_HEADS.match(key):
+        return min(v, size.heads)
+    if R_HEAD_DIM.match(key):
+        return min(v, size.head_dim)
+    if R_INTERMEDIATE.match(key):
+        return min(v, size.intermediate)
+    if R_HIDDEN.match(key):
+        return min(v, size.hidden)
+    if R_EXPERTS.match(key):
+        return min(v, size.experts)
+    if R_TOP_K.match(key):
+        return min(v, size.top_k)
+    if R_VOCAB.match(key):
+        return min(v, size.vocab)
+    if R_POSITIONS.match(key):
+        return min(v, size.positions)
+    if R_IMAGE.match(key):
+        patch = d.get("patch_size") if _is_int(d.get("patch_size")) else 16
+        return min(v, max(size.image, 4 * patch) if patch < 32 else 2 * patch)
+    if key in ("num_queries", "num_query_tokens", "num_latents", "num_register_tokens") and v > 16:
+        return 16
+    if key == "max_source_positions":
+        return min(v, 64)
+    return v
+
+
+def _shrink_int_list(key: str, v: list[int], size: Size) -> list[int] | None:
+    """Shrink a per-stage list, keeping its length (the number of stages is part of the architecture)."""
+    if R_IMAGE.match(key) and len(v) in (2, 3):
+        return [min(x, size.image) for x in v]
+    if R_STAGE_DEPTHS.match(key):
+        return [min(x, 1) for x in v]
+    if R_STAGE_HEADS.match(key):
+        return [min(x, 2) for x in v]
+    if R_STAGE_WIDTHS.match(key):
+        scale = size.stage_width / max(v[0], 1)
+        if scale >= 1:
+            return None
+        # Keep the stage ratios and a multiple of 8 so group norms and head splits still divide.
+        return [max(8, int(round(x * scale / 8)) * 8) if x > 8 else x for x in v]
+    return None
+
+
+def _cut_layer_list(v: list[Any], n: int) -> list[Any]:
+    """Cut a per-layer list to `n` entries keeping one layer of each kind (hybrid models need all kinds)."""
+    if all(isinstance(x, str) for x in v):
+        kinds = list(dict.fromkeys(v))
+        if len(kinds) >= n:
+            return kinds
+        return kinds + [v[i] for i in range(len(v)) if i >= len(kinds)][: n - len(kinds)]
+    return list(v[:n])
+
+
+def _defaults(model_type: str | None) -> dict[str, Any]:
+    """Dataclass field defaults of the config class of `model_type` ({} if unknown)."""
+    if not model_type:
+        return {}
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    try:
+        cls = CONFIG_MAPPING[model_type]
+    except KeyError:
+        return {}
+    if not dataclasses.is_dataclass(cls):
+        return {}
+    return {f.name: f.default for f in dataclasses.fields(cls) if f.default is not dataclasses.MISSING}
+
+
+def _is_subconfig(key: str, v: Any) -> bool:
+    return isinstance(v, dict) and ("model_type" in v or key.endswith("_config") or key in ("encoder", "decoder"))
+
+
+def shrink_dict(d: dict[str, Any], size: Size = Size(), model_type: str | None = None) -> dict[str, Any]:
+    """Shrink one level of a `config.to_dict()`, recursing into sub-configs. Returns a new dict."""
+    d = {k: v for k, v in d.items() if k not in _DROP}
+    model_type = d.get("model_type", model_type)
+    defaults = _defaults(model_type)
+    # Values the class derives from others when left None (head_dim, num_key_value_heads, layer_types...)
+    # are dropped so the constructor derives them again from the shrunk values.
+    for k in [k for k, v in d.items() if defaults.get(k, 0) is None and v is not None and not isinstance(v, dict)]:
+        if k not in ("layer_types", "mlp_layer_types") and not R_TOKEN_ID.match(k) and k != "pad_token_id":
+            del d[k]
+
+    old_layers = next((d[k] for k in ("num_hidden_layers", "num_layers", "n_layer", "n_layers") if _is_int(d.get(k))), None)
+    old = dict(d)
+    # Stage counts that are len(depths) etc. are geometry, not depth: keep them.
+    keep = {"num_feat_extract_layers", "num_stages"}
+    for lk in ("depths", "conv_dim", "hidden_sizes", "embed_dims"):
+        if isinstance(d.get(lk), (list, tuple)):
+            keep |= {k for k in ("num_layers", "num_stages", "num_hidden_layers") if d.get(k) == len(d[lk])}
+    if old_layers is not None and any(d.get(k) == old_layers for k in keep if k in d):
+        old_layers = None
+
+    for k, v in list(d.items()):
+        if _is_subconfig(k, v):
+            d[k] = shrink_dict(v, size)
+        elif k in keep:
+            continue
+        elif _is_int(v):
+            d[k] = _shrink_int(k, v, old, size)
+        elif isinstance(v, (list, tuple)) and v and all(_is_int(x) for x in v):
+            new = _shrink_int_list(k, list(v), size)
+            if new is not None:
+                d[k] = new
+
+    _fix_layer_lists(d, old, old_layers, size)
+    _fix_heads(d, old)
+    _fix_token_ids(d)
+    for k in ("use_pretrained_backbone", "use_timm_backbone"):  # never download or need timm
+        if d.get(k):
+            d[k] = False
+    return d
+
+
+def _fix_layer_lists(d: dict[str, Any], old: dict[str, Any], old_layers: int | None, size: Size) -> None:
+    """Per-layer lists (layer_types, per-layer windows...) follow the new layer count."""
+    if not old_layers or old_layers <= size.layers:
+        return
+    layer_key = next(k for k in ("num_hidden_layers", "num_layers", "n_layer", "n_layers") if d.get(k) is not None)
+    n = d[layer_key]
+    per_layer = [k for k, v in d.items() if isinstance(v, (list, tuple)) and len(v) == old_layers
+                 and k not in _KEEP_LENGTH and not R_STAGE_WIDTHS.match(k) and not R_STAGE_HEADS.match(k)]
+    for k in per_layer:
+        if all(isinstance(x, str) for x in d[k]):
+            n = max(n, len(set(d[k])))
+    for k in per_layer:
+        cut = _cut_layer_list(list(d[k]), n)
+        d[k] = cut if len(cut) == n else (cut + list(d[k])[len(cut):])[:n]
+    d[layer_key] = n
+
+
+def _fix_heads(d: dict[str, Any], old: dict[str, Any]) -> None:
+    hidden = next((d[k] for k in ("hidden_size", "d_model", "n_embd", "embed_dim", "dim") if _is_int(d.get(k))), None)
+    heads_key = next((k for k in ("num_attention_heads", "n_head", "n_heads", "num_heads", "encoder_attention_heads")
+                      if _is_int(d.get(k))), None)
+    if hidden and heads_key:
+        heads = d[heads_key]
+        while heads > 1 and hidden % heads:
+            heads -= 1
+        d[heads_key] = heads
+        for k in ("decoder_attention_heads",):
+            if _is_int(d.get(k)):
+                d[k] = heads
+        old_hidden = next((old[k] for k in ("hidden_size", "d_model", "n_embd", "embed_dim", "dim") if _is_int(old.get(k))), 0)
+        # A head_dim that was hidden/heads must stay so (many attention impls assume it).
+        if _is_int(d.get("head_dim")) and _is_int(old.get("head_dim")) and old[heads_key] and \
+                old["head_dim"] * old[heads_key] == old_hidden:
+            d["head_dim"] = hidden // heads
+        for kv_key in ("num_key_value_heads", "n_kv_heads", "num_kv_heads"):
+            if _is_int(d.get(kv_key)):
+                kv = min(d[kv_key], heads)
+                while kv > 1 and heads % kv:
+                    kv -= 1
+                d[kv_key] = kv
+    # top-k experts never above the number of experts
+    experts = next((d[k] for k in d if R_EXPERTS.match(k) and _is_int(d[k])), None)
+    if experts:
+        for k in list(d):
+            if R_TOP_K.match(k) and _is_int(d[k]):
+                d[k] = min(d[k], experts)
+
+
+def _fix_token_ids(d: dict[str, Any]) -> None:
+    """Token ids outside the shrunk vocabulary move to distinct ids at its top (a config's image/audio
+    placeholders are then still distinct from each other and from ordinary tokens)."""
+    vocab = d.get("vocab_size")
+    if not _is_int(vocab):
+        text = d.get("text_config") or d.get("decoder") or {}
+        vocab = text.get("vocab_size") if isinstance(text, dict) else None
+    if not _is_int(vocab) or vocab < 8:
+        return
+    taken = {v for k, v in d.items() if R_TOKEN_ID.match(k) and _is_int(v) and v < vocab}
+    nxt = vocab - 1
+
+    def fresh() -> int:
+        nonlocal nxt
+        while nxt in taken:
+            nxt -= 1
+        taken.add(nxt)
+        return nxt
+
+    remapped: dict[int, int] = {}
+    for k, v in list(d.items()):
+        if not R_TOKEN_ID.match(k):
+            continue
+        if _is_int(v) and v >= vocab:
+            d[k] = remapped.setdefault(v, fresh())
+        elif isinstance(v, list) and v and all(_is_int(x) for x in v):
+            d[k] = [remapped.setdefault(x, fresh()) if x >= vocab else x for x in v]
+
+
+def round_to(v: int, m: int) -> int:
+    return max(m, int(math.ceil(v / m)) * m)

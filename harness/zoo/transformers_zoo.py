@@ -1,0 +1,94 @@
+"""Build a built-in transformers entry: tiny config -> random-weight model -> inputs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from harness.zoo import budget, overrides
+from harness.zoo.entry import BuiltEntry, ZooBuildError, ZooEntry
+from harness.zoo.inputs import build_inputs
+from harness.zoo.shrink import Size, shrink_dict
+
+
+def _deep_merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in extra.items():
+        if isinstance(v, dict) and isinstance(out.get(k), dict):
+            out[k] = _deep_merge(out[k], v)
+        elif v is overrides.DELETE:
+            out.pop(k, None)
+        else:
+            out[k] = v
+    return out
+
+
+def tiny_config(model_type: str, size: Size = Size()) -> Any:
+    """The config class's defaults of `model_type`, shrunk, with the family's overrides applied."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    try:
+        cls = CONFIG_MAPPING[model_type]
+    except KeyError as exc:
+        raise ZooBuildError(f"no config class for model_type {model_type!r}", category="config_error",
+                            stage="config") from exc
+    rule = overrides.rule_for(model_type)
+    try:
+        base = cls(**rule.base) if rule.base else cls()
+        d = shrink_dict(base.to_dict(), size, model_type)
+        d.pop("model_type", None)
+        d = _deep_merge(d, rule.config)
+        config = cls(**d)
+        for k, v in rule.after.items():  # values the constructor would overwrite
+            setattr(config, k, v)
+        return config
+    except ZooBuildError:
+        raise
+    except Exception as exc:
+        raise ZooBuildError(f"{type(exc).__name__}: {exc}", category="config_error", stage="config") from exc
+
+
+def model_class(name: str) -> type:
+    import transformers
+
+    try:
+        return getattr(transformers, name)
+    except (AttributeError, ImportError) as exc:
+        # transformers raises ImportError naming the missing backend for dummy objects
+        raise ZooBuildError(f"{type(exc).__name__}: {exc}", category="missing_dependency", stage="init") from exc
+
+
+def instantiate(cls: type, config: Any, seed: int, max_params: int = budget.DEFAULT_BUDGET) -> tuple[torch.nn.Module, int]:
+    """`cls` with random weights from `config`: checked against the budget on meta first, seeded, float32, eval."""
+    n = budget.check_budget(lambda: cls._from_config(config), max_params)
+    torch.manual_seed(seed)
+    try:
+        model = cls._from_config(config, dtype=torch.float32)
+    except ZooBuildError:
+        raise
+    except Exception as exc:
+        category = "missing_dependency" if isinstance(exc, ImportError) else "init_error"
+        raise ZooBuildError(f"{type(exc).__name__}: {exc}", category=category, stage="init") from exc
+    if n is None:
+        n = budget.enforce(model, max_params)
+    return model.eval(), n
+
+
+def finish(entry: ZooEntry, model: torch.nn.Module, config: Any, seed: int, n: int) -> BuiltEntry:
+    rule = overrides.rule_for(entry.model_type)
+    try:
+        inputs = build_inputs(model, config, entry.model_class, seed)
+        if rule.inputs is not None:
+            inputs = rule.inputs(model, config, inputs, seed)
+    except ZooBuildError:
+        raise
+    except Exception as exc:
+        raise ZooBuildError(f"{type(exc).__name__}: {exc}", category="missing_input", stage="inputs") from exc
+    return BuiltEntry(model=model, inputs=inputs, entry=entry, num_parameters=n)
+
+
+def build(entry: ZooEntry, seed: int = 0) -> BuiltEntry:
+    config = tiny_config(entry.model_type)
+    model, n = instantiate(model_class(entry.model_class), config, seed)
+    return finish(entry, model, model.config, seed, n)
