@@ -1,0 +1,250 @@
+"""Coverage figures from a results DataFrame (rows as in harness.schema): the two headline figures, their
+breakdown by any column, the crash table by root cause and the worst numerics.
+
+Definitions (one place, used by the dashboard and available to the sweep's coverage.md):
+- denominator rows: status not in schema.EXCLUDED_FROM_DENOMINATOR (baseline_fail, not_available, skipped
+  say nothing about the backend);
+- crash-free %: denominator rows whose status is not in schema.RUN_FAILURES, over the denominator;
+- numerics-match %: `pass` rows over the rows that ran (pass + fail_accuracy), i.e. of the rows that
+  produced outputs, how many matched the baseline.
+A figure with an empty denominator has pct None (shown as "n/a"), never 0 % or 100 %.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import pandas as pd
+
+from harness import schema
+
+RAN = ("pass", "fail_accuracy")
+
+
+@dataclass(frozen=True)
+class Figure:
+    """A percentage with its numerator and denominator, so no figure is shown without its base."""
+
+    num: int
+    den: int
+
+    @property
+    def pct(self) -> float | None:
+        return 100.0 * self.num / self.den if self.den else None
+
+    def __str__(self) -> str:
+        return f"{fmt_pct(self.pct)} ({self.num}/{self.den})"
+
+
+@dataclass(frozen=True)
+class Headline:
+    rows: int  # all rows
+    excluded: int  # rows left out of the denominators
+    crash_free: Figure
+    numerics_match: Figure
+
+
+def fmt_pct(pct: float | None) -> str:
+    return "n/a" if pct is None else f"{pct:.1f}%"
+
+
+def in_denominator(df: pd.DataFrame) -> pd.Series:
+    return ~df["status"].isin(schema.EXCLUDED_FROM_DENOMINATOR)
+
+
+def headline(df: pd.DataFrame) -> Headline:
+    """Crash-free % and numerics-match % over all rows of df."""
+    st = df["status"]
+    den = int(in_denominator(df).sum())
+    crashes = int(st.isin(schema.RUN_FAILURES).sum())
+    ran = int(st.isin(RAN).sum())
+    passed = int((st == "pass").sum())
+    return Headline(
+        rows=len(df),
+        excluded=len(df) - den,
+        crash_free=Figure(den - crashes, den),
+        numerics_match=Figure(passed, ran),
+    )
+
+
+def coverage_by(df: pd.DataFrame, by: str | list[str]) -> pd.DataFrame:
+    """One row per value of `by` (e.g. "mode", "task", "library"): the headline figures and status counts.
+
+    Columns: by..., rows, excluded, denominator, crash_free, crash_free_pct, ran, numerics_match,
+    numerics_match_pct, then one count column per status in schema.STATUSES (named after the status).
+    Sorted by `by`.
+    """
+    keys = [by] if isinstance(by, str) else list(by)
+    out = []
+    for val, g in df.groupby(keys, sort=True, dropna=False):
+        h = headline(g)
+        vals = val if isinstance(val, tuple) else (val,)
+        rec = dict(zip(keys, vals))
+        rec.update(
+            rows=h.rows,
+            excluded=h.excluded,
+            denominator=h.crash_free.den,
+            crash_free=h.crash_free.num,
+            crash_free_pct=h.crash_free.pct,
+            ran=h.numerics_match.den,
+            numerics_match=h.numerics_match.num,
+            numerics_match_pct=h.numerics_match.pct,
+        )
+        vc = g["status"].value_counts()
+        rec.update({s: int(vc.get(s, 0)) for s in schema.STATUSES})
+        out.append(rec)
+    cols = keys + [
+        "rows",
+        "excluded",
+        "denominator",
+        "crash_free",
+        "crash_free_pct",
+        "ran",
+        "numerics_match",
+        "numerics_match_pct",
+        *schema.STATUSES,
+    ]
+    return pd.DataFrame(out, columns=cols)
+
+
+_HEX = re.compile(r"0x[0-9a-fA-F]+")
+_PATH = re.compile(r"(?:[A-Za-z]:)?(?:/[\w.\-+@]+){2,}/?")
+_NUM = re.compile(r"(?<![\w.])[-+]?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?(?![\w])")
+_SPACE = re.compile(r"\s+")
+
+
+def normalise_message(msg: str, limit: int = 160) -> str:
+    """Strip what varies between occurrences of one root cause: addresses, paths, numbers (sizes, shapes,
+    timings). Identifiers such as `float32` or `aten::add.Tensor` are kept: they name the cause."""
+    s = str(msg or "").strip().splitlines()[0] if str(msg or "").strip() else ""
+    s = _HEX.sub("0x…", s)
+    s = _PATH.sub("<path>", s)
+    s = _NUM.sub("N", s)
+    s = _SPACE.sub(" ", s).strip()
+    return s if len(s) <= limit else s[: limit - 1] + "…"
+
+
+CRASH_COLUMNS = ["failing_op", "error_type", "message", "entries", "rows", "statuses", "modes", "examples"]
+
+
+def crash_table(df: pd.DataFrame, examples: int = 3) -> pd.DataFrame:
+    """Run failures (schema.RUN_FAILURES) grouped by root cause = (failing_op, error_type, normalised
+    message), sorted by distinct entries affected (then rows). `examples` entry ids are listed per group."""
+    f = df[df["status"].isin(schema.RUN_FAILURES)].copy()
+    if f.empty:
+        return pd.DataFrame(columns=CRASH_COLUMNS)
+    f["message"] = f["error_message"].map(normalise_message)
+    out = []
+    for (op, et, msg), g in f.groupby(["failing_op", "error_type", "message"], sort=False):
+        ids = sorted(g["entry_id"].unique())
+        out.append(
+            {
+                "failing_op": op,
+                "error_type": et,
+                "message": msg,
+                "entries": len(ids),
+                "rows": len(g),
+                "statuses": ", ".join(sorted(g["status"].unique())),
+                "modes": ", ".join(m for m in schema.MODES if m in set(g["mode"])),
+                "examples": ", ".join(ids[:examples]) + (f", … (+{len(ids) - examples})" if len(ids) > examples else ""),
+            }
+        )
+    t = pd.DataFrame(out, columns=CRASH_COLUMNS)
+    return t.sort_values(
+        ["entries", "rows", "failing_op", "error_type", "message"],
+        ascending=[False, False, True, True, True],
+        kind="stable",
+    ).reset_index(drop=True)
+
+
+NUMERICS_COLUMNS = [
+    "entry_id",
+    "mode",
+    "library",
+    "task",
+    "status",
+    "dtype",
+    "precision",
+    "max_abs_err",
+    "max_rel_err",
+    "cosine",
+    "rmse_ratio",
+]
+
+
+def worst_numerics(df: pd.DataFrame, n: int = 20) -> pd.DataFrame:
+    """The n rows that ran with the worst numerics: fail_accuracy first, then by rmse_ratio (the fp64 rule),
+    max_rel_err (descending) and cosine (ascending); rows without any metric are left out."""
+    r = df[df["status"].isin(RAN)]
+    metrics = ["max_abs_err", "max_rel_err", "cosine", "rmse_ratio"]
+    r = r[r[metrics].notna().any(axis=1)].copy()
+    r["_fail"] = r["status"] == "fail_accuracy"
+    r = r.sort_values(
+        ["_fail", "rmse_ratio", "max_rel_err", "cosine", "entry_id", "mode"],
+        ascending=[False, False, False, True, True, True],
+        na_position="last",
+        kind="stable",
+    )
+    return r[NUMERICS_COLUMNS].head(n).reset_index(drop=True)
+
+
+def coverage_markdown(df: pd.DataFrame, worst: int = 20) -> str:
+    """coverage.md: headline figures, coverage by mode/task/library, crash table, worst numerics."""
+    h = headline(df)
+    lines = [
+        "# Coverage",
+        "",
+        f"- **crash-free**: {h.crash_free}",
+        f"- **numerics-match**: {h.numerics_match}",
+        f"- rows: {h.rows}, of which {h.excluded} excluded from the denominators "
+        f"({', '.join(schema.EXCLUDED_FROM_DENOMINATOR)})",
+        "",
+    ]
+    for col, title in (("mode", "mode"), ("task", "task family"), ("library", "library")):
+        t = coverage_by(df, col)
+        lines += [f"## By {title}", "", f"| {title} | crash-free | numerics-match | excluded |", "|---|---:|---:|---:|"]
+        for _, r in t.iterrows():
+            lines.append(
+                f"| {r[col]} | {Figure(r['crash_free'], r['denominator'])} "
+                f"| {Figure(r['numerics_match'], r['ran'])} | {r['excluded']} |"
+            )
+        lines.append("")
+    ct = crash_table(df)
+    lines += [f"## Crashes by root cause ({len(ct)})", ""]
+    if ct.empty:
+        lines.append("None.")
+    else:
+        lines += ["| entries | rows | failing op | error | message | statuses | examples |", "|---:|---:|---|---|---|---|---|"]
+        for _, r in ct.iterrows():
+            lines.append(
+                f"| {r['entries']} | {r['rows']} | {_md(r['failing_op'])} | {_md(r['error_type'])} | {_md(r['message'])} "
+                f"| {r['statuses']} | {_md(r['examples'])} |"
+            )
+    wn = worst_numerics(df, worst)
+    lines += ["", f"## Worst numerics (top {len(wn)})", ""]
+    if wn.empty:
+        lines.append("None.")
+    else:
+        lines += ["| entry | mode | status | max abs | max rel | cosine | rmse ratio |", "|---|---|---|---:|---:|---:|---:|"]
+        for _, r in wn.iterrows():
+            lines.append(
+                f"| `{r['entry_id']}` | {r['mode']} | {r['status']} | {fmt_num(r['max_abs_err'])} "
+                f"| {fmt_num(r['max_rel_err'])} | {fmt_num(r['cosine'], 6, fixed=True)} | {fmt_num(r['rmse_ratio'])} |"
+            )
+    return "\n".join(lines) + "\n"
+
+
+def fmt_num(x: object, digits: int = 3, fixed: bool = False) -> str:
+    """Number for tables: '' for missing; `digits` significant digits, or decimals when fixed."""
+    try:
+        v = float(x)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return ""
+    if v != v:  # NaN
+        return ""
+    return f"{v:.{digits}f}" if fixed else f"{v:.{digits}g}"
+
+
+def _md(s: object) -> str:
+    return str(s).replace("|", "\\|").replace("\n", " ")

@@ -1,0 +1,154 @@
+"""The expected results in `reports/expected/`: accepted status per entry per mode, plus a flaky list.
+
+Layout (see reports/expected/README.md), after PyTorch's benchmarks/dynamo/ci_expected_accuracy:
+
+    <mode>.csv   name,status           one row per zoo entry, sorted by name; mode is one of schema.MODES
+    flaky.csv    name,mode,reason      entries whose status may change run to run; empty mode = every mode
+
+`accept` rewrites the <mode>.csv files and never touches flaky.csv (a human curates that list).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+
+from harness import schema
+from harness.ci._io import atomic_write_text
+from harness.ci.runs import InputError, Run
+
+DEFAULT_DIR = Path("reports/expected")
+FLAKY = "flaky.csv"
+EXPECTED_COLUMNS = ["name", "status"]
+FLAKY_COLUMNS = ["name", "mode", "reason"]
+
+
+@dataclass
+class Expected:
+    """Accepted statuses keyed by (entry_id, mode), and the flaky (entry_id, mode) pairs."""
+
+    path: Path
+    status: dict[tuple[str, str], str] = field(default_factory=dict)
+    # entry_id -> {mode: reason}; mode "" means every mode.
+    flaky: dict[str, dict[str, str]] = field(default_factory=dict)
+
+    def is_flaky(self, entry_id: str, mode: str) -> bool:
+        modes = self.flaky.get(entry_id, {})
+        return "" in modes or mode in modes
+
+    def flaky_reason(self, entry_id: str, mode: str) -> str:
+        modes = self.flaky.get(entry_id, {})
+        return modes.get(mode, modes.get("", ""))
+
+
+def mode_file(expected_dir: Path, mode: str) -> Path:
+    return expected_dir / f"{mode}.csv"
+
+
+def load_expected(expected_dir: str | Path = DEFAULT_DIR) -> Expected:
+    """Read every <mode>.csv and flaky.csv; raise InputError if there is nothing to compare against."""
+    d = Path(expected_dir)
+    if not d.is_dir():
+        raise InputError(
+            f"expected-results directory {d} does not exist; create it from a full sweep with "
+            f"`hf-tpu accept RUN --expected {d}`, or pass --expected DIR"
+        )
+    exp = Expected(path=d)
+    found = False
+    for mode in schema.MODES:
+        p = mode_file(d, mode)
+        if not p.exists():
+            continue
+        found = True
+        df = _read_csv(p, EXPECTED_COLUMNS)
+        bad = sorted(set(df["status"]) - set(schema.STATUSES))
+        if bad:
+            raise InputError(
+                f"{p} has unknown status value(s) {', '.join(map(repr, bad))}; valid statuses are "
+                f"{', '.join(schema.STATUSES)} - fix the file or regenerate it with `hf-tpu accept RUN`"
+            )
+        dup = df["name"][df["name"].duplicated()]
+        if len(dup):
+            raise InputError(f"{p} lists {dup.iloc[0]!r} more than once; keep one row per entry")
+        for name, status in zip(df["name"], df["status"]):
+            exp.status[(name, mode)] = status
+    if not found:
+        raise InputError(
+            f"{d} holds no expected results ({', '.join(f'{m}.csv' for m in schema.MODES)}); create them from "
+            f"a full sweep with `hf-tpu accept RUN --expected {d}`"
+        )
+    fp = d / FLAKY
+    if fp.exists():
+        df = _read_csv(fp, ["name"])
+        for c in ("mode", "reason"):
+            if c not in df.columns:
+                df[c] = ""
+        bad = sorted(set(df["mode"]) - set(schema.MODES) - {""})
+        if bad:
+            raise InputError(
+                f"{fp} has unknown mode value(s) {', '.join(map(repr, bad))}; use one of "
+                f"{', '.join(schema.MODES)}, or leave mode empty for every mode"
+            )
+        for name, mode, reason in zip(df["name"], df["mode"], df["reason"]):
+            exp.flaky.setdefault(name, {})[mode] = reason
+    return exp
+
+
+def _read_csv(p: Path, required: list[str]) -> pd.DataFrame:
+    try:
+        df = pd.read_csv(p, dtype=str, keep_default_na=False, na_values=[], comment="#")
+    except pd.errors.EmptyDataError:
+        return pd.DataFrame({c: pd.Series([], dtype=str) for c in required})
+    except (pd.errors.ParserError, UnicodeDecodeError) as exc:
+        raise InputError(f"{p} is not a valid CSV ({str(exc).strip().splitlines()[0]}); fix or regenerate it") from None
+    missing = [c for c in required if c not in df.columns]
+    if missing:
+        raise InputError(
+            f"{p} lacks column(s) {', '.join(missing)} (expected header: {','.join(required)}); "
+            f"see reports/expected/README.md"
+        )
+    return df
+
+
+@dataclass
+class AcceptResult:
+    written: dict[str, Path]  # mode -> file
+    rows: dict[str, int]  # mode -> rows written
+    changed: dict[str, int]  # mode -> rows whose accepted status changed (added, removed or different)
+
+
+def accept(run: Run, expected_dir: str | Path = DEFAULT_DIR, update: bool = False) -> AcceptResult:
+    """Rewrite <mode>.csv for every mode present in the run.
+
+    update=False: the run is the new truth for those modes (entries absent from the run are dropped).
+    update=True: only the run's rows are added or changed; other accepted entries are kept (for accepting a
+    targeted re-run of a few entries).
+    """
+    d = Path(expected_dir)
+    if run.df.empty:
+        raise InputError(
+            f"{run.path}/results.csv has no rows; accepting it would empty the expected results - "
+            f"accept a finished sweep instead"
+        )
+    d.mkdir(parents=True, exist_ok=True)
+    res = AcceptResult(written={}, rows={}, changed={})
+    for mode in schema.MODES:
+        sub = run.df[run.df["mode"] == mode]
+        if sub.empty:
+            continue  # a mode the run did not sweep keeps its accepted file untouched
+        p = mode_file(d, mode)
+        old: dict[str, str] = {}
+        if p.exists():
+            old_df = _read_csv(p, EXPECTED_COLUMNS)
+            old = dict(zip(old_df["name"], old_df["status"]))
+        new = dict(old) if update else {}
+        new.update(zip(sub["entry_id"], sub["status"]))
+        names = sorted(set(old) | set(new))
+        res.changed[mode] = sum(old.get(n) != new.get(n) for n in names)
+        out = pd.DataFrame(sorted(new.items()), columns=EXPECTED_COLUMNS)
+        atomic_write_text(p, out.to_csv(index=False, lineterminator="\n"))
+        res.written[mode] = p
+        res.rows[mode] = len(out)
+    return res
