@@ -9,7 +9,10 @@ a bfloat16 x bfloat16 product is exact in float32, so rounding the operands *is*
 
 from __future__ import annotations
 
+import contextlib
 import os
+import threading
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -38,7 +41,24 @@ def install() -> None:
     torch.set_float32_matmul_precision = _tracking_set
 
 
+_forced = threading.local()
+
+
+@contextlib.contextmanager
+def forced(value: str) -> Iterator[None]:
+    """Use `value` while tracing a compiled program (its precision is part of the program's cache key)."""
+    old = getattr(_forced, "value", None)
+    _forced.value = value
+    try:
+        yield
+    finally:
+        _forced.value = old
+
+
 def current() -> str:
+    f = getattr(_forced, "value", None)
+    if f is not None:
+        return f
     if _explicit is not None:
         return _explicit
     return os.environ.get("HF_TPU_MATMUL_PRECISION", "medium")

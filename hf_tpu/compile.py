@@ -1,0 +1,194 @@
+"""`torch.compile(model, backend="tpu")`: TorchDynamo captures the graph, AOTAutograd turns it into
+functional ATen (forward and backward), and each graph runs as ONE jitted XLA program through JAX.
+
+Shapes are static: JAX compiles again for each new input shape, and the first use of this backend
+turns off Dynamo's automatic dynamic shapes, so `dynamic=None` behaves as `dynamic=False` (pass
+`dynamic=True` to get symbolic shapes; their values then become static arguments of the XLA program).
+"""
+
+from __future__ import annotations
+
+import functools
+import operator
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch.utils import _pytree as pytree
+
+from hf_tpu import dtypes, lowering, precision
+from hf_tpu.torchax_compat import load_op_table
+from hf_tpu import tensor as T
+
+_stats_lock = threading.Lock()
+_stats = {"graphs": 0, "compilations": 0, "cache_hits": 0, "cache_misses": 0}
+_listener_installed = False
+
+
+def stats() -> dict[str, int]:
+    """Graphs captured, XLA compilations (jit traces), persistent-cache hits and Dynamo graph breaks."""
+    from torch._dynamo.utils import counters
+
+    with _stats_lock:
+        out = dict(_stats)
+    out["graph_breaks"] = sum(counters["graph_break"].values())
+    return out
+
+
+def reset_stats() -> None:
+    from torch._dynamo.utils import counters
+
+    with _stats_lock:
+        for k in _stats:
+            _stats[k] = 0
+    counters["graph_break"].clear()
+
+
+def _bump(key: str, n: int = 1) -> None:
+    with _stats_lock:
+        _stats[key] += n
+
+
+def _install_cache_listener() -> None:
+    global _listener_installed
+    if _listener_installed:
+        return
+    from hf_tpu import runtime
+
+    jax = runtime.jax()
+
+    def on_event(event: str, **_: Any) -> None:
+        if event == "/jax/compilation_cache/cache_hits":
+            _bump("cache_hits")
+        elif event == "/jax/compilation_cache/cache_misses":
+            _bump("cache_misses")
+
+    jax.monitoring.register_event_listener(on_event)
+    _listener_installed = True
+
+
+# ------------------------------------------------------------------------------------ graph -> JAX
+def _lower_node_target(target: Any) -> Callable[..., Any]:
+    fn = lowering.find(target)
+    if fn is None:
+        raise lowering.NoLowering(target, " (in a compiled graph)")
+    return fn
+
+
+def to_jax_function(gm: torch.fx.GraphModule) -> Callable[..., Any]:
+    """A function over JAX arrays that computes `gm` (functional ATen) with our lowerings."""
+    nodes = list(gm.graph.nodes)
+    fns: dict[torch.fx.Node, Callable[..., Any]] = {}
+    for n in nodes:
+        if n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload):
+            fns[n] = _lower_node_target(n.target)  # fail at compile time, naming the op
+
+    def run(*inputs: Any) -> Any:
+        jnp = T._jnp()
+        env: dict[torch.fx.Node, Any] = {}
+        it = iter(inputs)
+        for n in nodes:
+            if n.op == "placeholder":
+                env[n] = next(it)
+            elif n.op == "get_attr":
+                attr = getattr(gm, n.target)
+                env[n] = T.from_cpu(attr) if attr.device.type == "cpu" else T.value(attr)
+            elif n.op == "call_function":
+                args, kwargs = torch.fx.node.map_arg((n.args, n.kwargs), lambda a: env[a])
+                if n in fns:
+                    res = fns[n](*args, **kwargs)
+                    val = n.meta.get("val")
+                    # lowerings may promote differently from PyTorch: keep PyTorch's dtype
+                    if isinstance(val, torch.Tensor) and hasattr(res, "dtype"):
+                        want = dtypes.to_jax(val.dtype)
+                        if res.dtype != want:
+                            res = res.astype(want)
+                        if tuple(res.shape) != tuple(val.shape) and res.size == val.numel():
+                            res = jnp.reshape(res, tuple(val.shape))
+                    env[n] = res
+                else:  # operator.getitem, SymInt arithmetic
+                    env[n] = n.target(*args, **kwargs)
+            elif n.op == "output":
+                return torch.fx.node.map_arg(n.args[0], lambda a: env[a])
+        raise AssertionError("graph without output")
+
+    return run
+
+
+def _compiler(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
+    from hf_tpu import runtime
+
+    jax = runtime.jax()
+    _install_cache_listener()
+    fn = to_jax_function(gm)
+    static = tuple(i for i, ex in enumerate(example_inputs) if not isinstance(ex, torch.Tensor))
+    out_vals = [n.meta.get("val") for n in gm.graph.nodes if n.op == "output"][0]
+    out_dtypes = [v.dtype if isinstance(v, torch.Tensor) else None for v in pytree.tree_leaves(out_vals)]
+    jitted: dict[str, Any] = {}
+
+    def traced(*args: Any) -> Any:
+        _bump("compilations")  # runs once per XLA program JAX builds for this graph
+        return fn(*args)
+
+    def get(prec: str) -> Any:
+        if prec not in jitted:
+            def with_precision(*args: Any) -> Any:
+                with precision.forced(prec):
+                    return traced(*args)
+
+            jitted[prec] = jax.jit(with_precision, static_argnums=static)
+        return jitted[prec]
+
+    def call(args: list[Any]) -> list[Any]:
+        on_tpu = any(T.is_tpu(a) for a in args)
+        jargs = []
+        for a in args:
+            if isinstance(a, torch.Tensor):
+                jargs.append(T.value(a) if a.device.type == "tpu" else T.from_cpu(a))
+            else:
+                jargs.append(a)
+        args.clear()  # boxed calling convention: let inputs be freed early
+        out = get(precision.current())(*jargs)
+        leaves, spec = pytree.tree_flatten(out)
+        res = []
+        for x, dt in zip(leaves, out_dtypes + [None] * (len(leaves) - len(out_dtypes))):
+            if hasattr(x, "dtype") and hasattr(x, "shape"):
+                dt = dt or dtypes.to_torch(x.dtype)
+                x = T.wrap(x, dt) if on_tpu else T.to_cpu(x, dt)
+            res.append(x)
+        return list(pytree.tree_unflatten(res, spec))
+
+    call._boxed_call = True  # type: ignore[attr-defined]
+    return call
+
+
+@functools.cache
+def _decompositions() -> dict[Any, Any]:
+    """Core ATen decompositions, plus torchax's, for ops we have no JAX lowering for."""
+    from torch._decomp import core_aten_decompositions
+
+    _, tx = load_op_table()
+    table = dict(core_aten_decompositions())
+    for op, fn in tx.items():
+        if isinstance(op, torch._ops.OpOverload):
+            table.setdefault(op, fn)
+        elif isinstance(op, torch._ops.OpOverloadPacket):
+            for ov in op.overloads():
+                table.setdefault(getattr(op, ov), fn)
+    # keep ops we lower directly whole (fewer, larger XLA ops); decompose only what we cannot lower
+    return {op: fn for op, fn in table.items() if lowering.find(op) is None}
+
+
+def tpu_backend(gm: torch.fx.GraphModule, example_inputs: list[Any], **kwargs: Any) -> Callable[..., Any]:
+    """The Dynamo backend registered as "tpu" (entry point `torch_dynamo_backends`)."""
+    from functorch.compile import make_boxed_func  # noqa: F401 - ensures functorch is initialised
+    from torch._dynamo.backends.common import aot_autograd
+
+    import torch._dynamo.config as dconfig
+
+    dconfig.automatic_dynamic_shapes = False  # TPU programs have static shapes
+    _bump("graphs")
+    return aot_autograd(fw_compiler=_compiler, bw_compiler=_compiler, decompositions=_decompositions())(
+        gm, example_inputs, **kwargs
+    )
