@@ -1,0 +1,255 @@
+"""`hf-tpu compare` / `hf-tpu accept` on crafted runs: classes, exit codes, accept round trip, bad input."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from harness import schema
+from harness.ci.compare import classify
+from harness.ci.sample import row, write_run
+from harness.cli import main
+
+BASE = {
+    ("m/good", "eager"): "pass",
+    ("m/good", "compiled"): "pass",
+    ("m/regress", "eager"): "pass",
+    ("m/regress", "compiled"): "pass",
+    ("m/fixed", "eager"): "fail_to_run",
+    ("m/gone", "eager"): "pass",
+    ("m/flaky", "eager"): "pass",
+    ("m/xfail", "eager"): "fail_accuracy",
+    ("m/nobase", "eager"): "baseline_fail",
+}
+
+
+def _run(tmp: Path, name: str, statuses: dict[tuple[str, str], str]) -> Path:
+    rows = []
+    for (e, m), s in statuses.items():
+        extra = {"error_type": "RuntimeError", "error_message": f"boom in {e}"} if s in schema.RUN_FAILURES else {}
+        rows.append(row(e, mode=m, status=s, **extra))
+    return write_run(tmp / name, rows)
+
+
+def _classes(run_dir: Path) -> dict[tuple[str, str], str]:
+    df = pd.read_csv(run_dir / "comparison.csv", dtype=str, keep_default_na=False)
+    return {(r["entry_id"], r["mode"]): r["class"] for _, r in df.iterrows()}
+
+
+@pytest.fixture
+def expected(tmp_path: Path) -> Path:
+    """Expected results accepted from BASE, with m/flaky listed as flaky in eager."""
+    base = _run(tmp_path, "base", BASE)
+    exp = tmp_path / "expected"
+    assert main(["accept", str(base), "--expected", str(exp)]) == 0
+    (exp / "flaky.csv").write_text("name,mode,reason\nm/flaky,eager,nondeterministic kernel\n")
+    return exp
+
+
+def test_accepted_files_have_the_documented_format(expected: Path) -> None:
+    eager = list(csv.reader((expected / "eager.csv").open()))
+    assert eager[0] == ["name", "status"]
+    assert eager[1:] == sorted([e, s] for (e, m), s in BASE.items() if m == "eager")
+    assert [r[0] for r in csv.reader((expected / "compiled.csv").open())] == ["name", "m/good", "m/regress"]
+
+
+def test_each_class_and_exit_codes(tmp_path: Path, expected: Path, capsys: pytest.CaptureFixture) -> None:
+    now = dict(BASE)
+    now[("m/regress", "compiled")] = "compile_fail"  # regression
+    now[("m/fixed", "eager")] = "pass"  # improvement
+    del now[("m/gone", "eager")]  # missing
+    now[("m/flaky", "eager")] = "fail_accuracy"  # flaky: different, but listed
+    now[("m/brand_new", "eager")] = "pass"  # not in expected
+    run = _run(tmp_path, "now", now)
+
+    assert main(["compare", str(run), "--expected", str(expected)]) == 1
+    out = capsys.readouterr().out
+    assert "FAIL" in out and "m/regress" in out
+    cls = _classes(run)
+    assert cls[("m/regress", "compiled")] == "FAIL"
+    assert cls[("m/fixed", "eager")] == "IMPROVED"
+    assert cls[("m/gone", "eager")] == "MISSING"
+    assert cls[("m/flaky", "eager")] == "FLAKY"
+    assert cls[("m/brand_new", "eager")] == "NEW"
+    for key in [("m/good", "eager"), ("m/good", "compiled"), ("m/regress", "eager"), ("m/xfail", "eager"),
+                ("m/nobase", "eager")]:
+        assert cls[key] == "PASS", key
+    md = (run / "comparison.md").read_text()
+    assert "| FAIL | `m/regress` | compiled | pass | compile_fail |" in md
+    # A regression fails even when improvements are accepted.
+    assert main(["compare", str(run), "--expected", str(expected), "--accept-improvements"]) == 1
+
+
+def test_improvement_alone_fails_unless_accepted(tmp_path: Path, expected: Path) -> None:
+    now = dict(BASE)
+    now[("m/fixed", "eager")] = "pass"
+    run = _run(tmp_path, "now", now)
+    assert main(["compare", str(run), "--expected", str(expected)]) == 1
+    assert main(["compare", str(run), "--expected", str(expected), "--accept-improvements"]) == 0
+
+
+def test_missing_alone_fails_unless_allowed(tmp_path: Path, expected: Path) -> None:
+    now = {k: v for k, v in BASE.items() if k != ("m/gone", "eager")}
+    run = _run(tmp_path, "now", now)
+    assert main(["compare", str(run), "--expected", str(expected)]) == 1
+    assert main(["compare", str(run), "--expected", str(expected), "--allow-missing"]) == 0
+
+
+def test_flaky_alone_passes(tmp_path: Path, expected: Path) -> None:
+    now = dict(BASE)
+    now[("m/flaky", "eager")] = "timeout"
+    run = _run(tmp_path, "now", now)
+    assert main(["compare", str(run), "--expected", str(expected)]) == 0
+    assert _classes(run)[("m/flaky", "eager")] == "FLAKY"
+
+
+def test_accept_then_compare_has_no_differences(tmp_path: Path, expected: Path) -> None:
+    now = dict(BASE)
+    now[("m/regress", "compiled")] = "crash"
+    now[("m/fixed", "eager")] = "pass"
+    del now[("m/gone", "eager")]
+    now[("m/brand_new", "compiled")] = "not_available"
+    run = _run(tmp_path, "now", now)
+    assert main(["compare", str(run), "--expected", str(expected)]) == 1
+    assert main(["accept", str(run), "--expected", str(expected)]) == 0
+    assert main(["compare", str(run), "--expected", str(expected)]) == 0
+    assert set(_classes(run).values()) == {"PASS"}
+    assert (expected / "flaky.csv").read_text().startswith("name,mode,reason\nm/flaky"), "accept kept flaky.csv"
+
+
+def test_accept_update_keeps_other_entries(tmp_path: Path, expected: Path) -> None:
+    part = _run(tmp_path, "part", {("m/fixed", "eager"): "pass"})
+    assert main(["accept", str(part), "--expected", str(expected), "--update"]) == 0
+    eager = dict(csv.reader((expected / "eager.csv").open()))
+    assert eager["m/fixed"] == "pass" and eager["m/gone"] == "pass" and len(eager) == 1 + 7
+    full_run = _run(tmp_path, "full", BASE)
+    assert main(["compare", str(full_run), "--expected", str(expected)]) == 1  # m/fixed: pass -> fail_to_run
+
+
+@pytest.mark.parametrize(
+    "expected_status,actual,flaky,cls",
+    [
+        ("pass", "pass", False, "PASS"),
+        ("crash", "crash", False, "PASS"),  # expected failure, still failing the same way
+        ("pass", "fail_accuracy", False, "FAIL"),
+        ("fail_accuracy", "crash", False, "FAIL"),  # worse
+        ("crash", "fail_to_run", False, "FAIL"),  # a different failure kind is not an improvement
+        ("timeout", "fail_accuracy", False, "FAIL"),
+        ("compile_fail", "pass", False, "IMPROVED"),
+        ("pass", None, False, "MISSING"),
+        ("pass", "not_available", False, "MISSING"),  # coverage lost, e.g. the model left the offline cache
+        ("pass", "skipped", False, "MISSING"),
+        ("baseline_fail", "baseline_fail", False, "PASS"),
+        ("baseline_fail", "pass", False, "NEW"),  # newly measured
+        ("not_available", "crash", False, "NEW"),
+        ("not_available", "skipped", False, "PASS"),  # nothing measured either way
+        ("not_available", None, False, "PASS"),
+        (None, "pass", False, "NEW"),
+        (None, "crash", False, "NEW"),
+        (None, "not_available", False, "NEW"),
+        ("pass", "crash", True, "FLAKY"),
+        ("pass", "pass", True, "PASS"),
+        ("pass", None, True, "MISSING"),
+    ],
+)
+def test_classify_rules(expected_status: str | None, actual: str | None, flaky: bool, cls: str) -> None:
+    assert classify(expected_status, actual, flaky) == cls
+
+
+def test_flaky_without_mode_applies_to_every_mode(tmp_path: Path, expected: Path) -> None:
+    (expected / "flaky.csv").write_text("name,mode,reason\nm/regress,,\n")
+    now = dict(BASE)
+    now[("m/regress", "eager")] = "crash"
+    now[("m/regress", "compiled")] = "oom"
+    run = _run(tmp_path, "now", now)
+    assert main(["compare", str(run), "--expected", str(expected)]) == 0
+    cls = _classes(run)
+    assert cls[("m/regress", "eager")] == cls[("m/regress", "compiled")] == "FLAKY"
+
+
+# ---------------------------------------------------------------- bad input: exit 2 with a clear message
+
+
+def _err(argv: list[str], capsys: pytest.CaptureFixture) -> str:
+    assert main(argv) == 2
+    return capsys.readouterr().err
+
+
+def test_missing_run_dir(tmp_path: Path, expected: Path, capsys: pytest.CaptureFixture) -> None:
+    for cmd in ("compare", "accept", "report"):
+        argv = [cmd, str(tmp_path / "nope")] + (["--expected", str(expected)] if cmd != "report" else [])
+        err = _err(argv, capsys)
+        assert f"hf-tpu {cmd}: error:" in err and "does not exist" in err and "hf-tpu sweep --out" in err
+
+
+def test_missing_results_csv(tmp_path: Path, expected: Path, capsys: pytest.CaptureFixture) -> None:
+    (tmp_path / "empty_run").mkdir()
+    err = _err(["compare", str(tmp_path / "empty_run"), "--expected", str(expected)], capsys)
+    assert "results.csv not found" in err and "hf-tpu sweep --out" in err
+
+
+@pytest.mark.parametrize(
+    "content,needle",
+    [
+        ("", "is empty"),
+        ("entry_id,mode\nm/a,eager\n", "lacks the schema column(s)"),
+        ('"unterminated\n', "not a valid CSV"),
+    ],
+)
+def test_malformed_results_csv(tmp_path: Path, expected: Path, capsys: pytest.CaptureFixture, content: str,
+                               needle: str) -> None:
+    d = tmp_path / "bad"
+    d.mkdir()
+    (d / "results.csv").write_text(content)
+    err = _err(["compare", str(d), "--expected", str(expected)], capsys)
+    assert needle in err, err
+
+
+def test_schema_version_mismatch(tmp_path: Path, expected: Path, capsys: pytest.CaptureFixture) -> None:
+    run = write_run(tmp_path / "old", [row("m/good", schema_version=schema.SCHEMA_VERSION + 1)])
+    err = _err(["compare", str(run), "--expected", str(expected)], capsys)
+    assert f"schema_version {schema.SCHEMA_VERSION + 1}" in err and "re-run the sweep" in err
+
+
+@pytest.mark.parametrize(
+    "field,value,needle",
+    [("status", "exploded", "unknown status"), ("mode", "jit", "unknown mode"), ("entry_id", "", "empty entry_id")],
+)
+def test_bad_values(tmp_path: Path, expected: Path, capsys: pytest.CaptureFixture, field: str, value: str,
+                    needle: str) -> None:
+    r = row("m/good")
+    r[field] = value
+    run = write_run(tmp_path / "r", [r])
+    assert needle in _err(["compare", str(run), "--expected", str(expected)], capsys)
+
+
+def test_duplicate_rows(tmp_path: Path, expected: Path, capsys: pytest.CaptureFixture) -> None:
+    run = write_run(tmp_path / "r", [row("m/good"), row("m/good", status="crash")])
+    assert "sharing an (entry_id, mode) key" in _err(["compare", str(run), "--expected", str(expected)], capsys)
+
+
+def test_expected_dir_problems(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    run = _run(tmp_path, "run", BASE)
+    err = _err(["compare", str(run), "--expected", str(tmp_path / "none")], capsys)
+    assert "does not exist" in err and "hf-tpu accept" in err
+    (tmp_path / "bare").mkdir()
+    assert "holds no expected results" in _err(["compare", str(run), "--expected", str(tmp_path / "bare")], capsys)
+    (tmp_path / "bare" / "eager.csv").write_text("name,state\nm/good,pass\n")
+    assert "lacks column(s) status" in _err(["compare", str(run), "--expected", str(tmp_path / "bare")], capsys)
+    (tmp_path / "bare" / "eager.csv").write_text("name,status\nm/good,great\n")
+    assert "unknown status" in _err(["compare", str(run), "--expected", str(tmp_path / "bare")], capsys)
+
+
+def test_accept_refuses_an_empty_run(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    run = write_run(tmp_path / "r", [])
+    assert "has no rows" in _err(["accept", str(run), "--expected", str(tmp_path / "exp")], capsys)
+    assert not (tmp_path / "exp" / "eager.csv").exists()
+
+
+def test_unknown_option_is_status_2(tmp_path: Path) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["compare", str(tmp_path), "--bogus"])
+    assert exc.value.code == 2
