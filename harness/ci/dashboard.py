@@ -65,6 +65,7 @@ td.msg{max-width:420px;overflow-wrap:anywhere}
 .filters input{padding:4px 8px;width:280px}
 .scroll{max-height:640px;overflow:auto;border:1px solid #e6e9ec}
 svg text{font-family:system-ui,sans-serif}
+svg.chart{max-width:100%;height:auto}
 .grid{display:grid;grid-template-columns:1fr;gap:8px}
 """
 
@@ -113,8 +114,13 @@ _JS = r"""
     for(const tr of rows) table.tBodies[0].appendChild(tr);
   }));
   apply();
-  document.body.dataset.js='ready';
 })();
+// Record laid-out sizes in the DOM, so a headless-browser test can see the charts really rendered.
+for(const s of document.querySelectorAll('svg.chart')){
+  const b=s.getBoundingClientRect(); s.dataset.renderedWidth=Math.round(b.width); s.dataset.renderedHeight=Math.round(b.height);
+}
+for(const r of document.querySelectorAll('rect.seg')) r.dataset.renderedWidth=r.getBoundingClientRect().width.toFixed(1);
+document.body.dataset.js='ready';
 """
 
 
@@ -143,7 +149,7 @@ def coverage_chart_svg(t: pd.DataFrame, col: str, chart_id: str) -> str:
     height = top + row_h * max(len(t), 1) + 8
     parts = [
         f'<svg id="{_e(chart_id)}" class="chart coverage-chart" role="img" width="{width}" height="{height}" '
-        f'viewBox="0 0 {width} {height}" xmlns="http://www.w3.org/2000/svg">'
+        f'viewBox="0 0 {width} {height}">'
     ]
     # Legend: only statuses that occur, so the chart explains itself.
     x = 40.0
@@ -204,7 +210,7 @@ def trend_svg(points: list[dict]) -> str:
 
     parts = [
         f'<svg id="trend-chart" class="chart" role="img" width="{width}" height="{height}" '
-        f'viewBox="0 0 {width} {height}" xmlns="http://www.w3.org/2000/svg">'
+        f'viewBox="0 0 {width} {height}">'
     ]
     for g in (0, 25, 50, 75, 100):
         y = py(g)
@@ -230,7 +236,10 @@ def trend_svg(points: list[dict]) -> str:
                 f'data-pct="{f.pct:.1f}" cx="{x:.1f}" cy="{y:.1f}" r="4.5" fill="{color}">'
                 f"<title>{_e(p['name'])}: {label} {f}</title></circle>"
             )
-            dy = -9 if key == "crash_free" else 17
+            # The higher of the two series is labelled above its point, the lower below, so labels never meet.
+            other = p["numerics_match" if key == "crash_free" else "crash_free"].pct
+            above = other is None or f.pct > other or (f.pct == other and key == "crash_free")
+            dy = -9 if above else 17
             parts.append(
                 f'<text x="{x:.1f}" y="{y + dy:.1f}" font-size="11" text-anchor="middle" fill="{color}">'
                 f"{cov.fmt_pct(f.pct)}</text>"
