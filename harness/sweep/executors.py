@@ -1,0 +1,159 @@
+"""Executors: how the entries' tasks are run. `local`: a pool of --jobs reusable worker processes on this
+machine. `ray`: one Ray task per entry on an existing cluster (or a local `ray.init()`), each task running its
+entry in a reusable worker subprocess with the same timeout, memory cap and crash handling."""
+
+from __future__ import annotations
+
+import collections
+import os
+import tempfile
+import time
+from multiprocessing.connection import wait
+from pathlib import Path
+from typing import Callable
+
+from harness.sweep.options import SweepOptions
+from harness.sweep.worker import POLL_S, Task, Worker, resolve_death, run_task_blocking
+
+OnDone = Callable[[object, list[dict], float], None]  # (entry, rows, seconds)
+MAX_STARTUP_FAILURES = 3
+
+
+class WorkerStartupError(RuntimeError):
+    pass
+
+
+class LocalExecutor:
+    def __init__(self, opts: SweepOptions, log_dir: Path | None = None):
+        self.opts = opts
+        self.log_dir = log_dir
+        self._n = 0
+        self.workers_started = 0
+
+    def _spawn(self) -> Worker:
+        self._n += 1
+        self.workers_started += 1
+        log = None
+        if self.log_dir is not None:
+            self.log_dir.mkdir(parents=True, exist_ok=True)
+            log = str(self.log_dir / f"worker-{self._n:03d}.log")
+        return Worker(self.opts, log_path=log)
+
+    def run(self, entries: list, on_done: OnDone) -> None:
+        opts = self.opts
+        cap = opts.memory_cap_bytes()
+        queue = collections.deque(Task(e, tuple(opts.modes)) for e in entries)
+        partial: dict[str, list[dict]] = {}
+        started: dict[str, float] = {}
+        workers: list[Worker] = [self._spawn() for _ in range(min(opts.jobs, len(queue)))]
+        startup_failures = 0
+
+        def finish(task: Task, rows: list[dict]) -> None:
+            eid = task.entry.id
+            allrows = partial.pop(eid, []) + rows
+            on_done(task.entry, allrows, time.monotonic() - started.pop(eid, time.monotonic()))
+
+        try:
+            while queue or any(w.busy() for w in workers):
+                for w in workers:
+                    if w.ready and not w.busy() and queue:
+                        task = queue.popleft()
+                        started.setdefault(task.entry.id, time.monotonic())
+                        w.start(task)
+                conns = {w.conn_in: w for w in workers}
+                for conn in wait(list(conns), timeout=POLL_S):
+                    w = conns[conn]
+                    task = w.task
+                    state = w.receive()
+                    if state == "ready":
+                        startup_failures = 0
+                    elif state == "done":
+                        finish(task, w.outcome.rows)
+                        if w.entries_run >= opts.max_entries_per_worker or (cap and w.last_rss > 0.6 * cap):
+                            w.stop()  # recycle: leaked caches and memory go with the process
+                            workers[workers.index(w)] = self._spawn()
+                    elif state == "dead":
+                        if task is None:
+                            startup_failures += 1
+                            if startup_failures >= MAX_STARTUP_FAILURES:
+                                raise WorkerStartupError(self._startup_message(w))
+                        else:
+                            rows, cont = resolve_death(task, w.outcome.rows, w.outcome.death, opts, w.backend)
+                            partial.setdefault(task.entry.id, []).extend(w.outcome.rows + rows)
+                            if cont is not None:
+                                queue.appendleft(cont)
+                            else:
+                                finish(task, [])
+                        workers.remove(w)
+                        if queue or len(workers) < 1:
+                            workers.append(self._spawn())
+                for w in workers:
+                    w.watchdog(cap)
+        finally:
+            for w in workers:
+                if w.alive():
+                    w.kill("stop")
+                    w.proc.wait()
+                w.close()
+
+    def _startup_message(self, w: Worker) -> str:
+        tail = ""
+        if self.log_dir is not None:
+            logs = sorted(self.log_dir.glob("worker-*.log"))
+            if logs:
+                tail = "\n" + "\n".join(logs[-1].read_text(errors="replace").splitlines()[-15:])
+        return f"sweep workers fail to start (exit code {w.proc.returncode}){tail}"
+
+
+# ------------------------------------------------------------------------------------------------------ ray
+_RAY_WORKER: Worker | None = None
+
+
+def _ray_run_entry(task: Task, opts: SweepOptions) -> list[dict]:
+    """Body of the Ray task: the Ray worker process keeps one sweep worker subprocess across tasks."""
+    global _RAY_WORKER
+
+    def factory() -> Worker:
+        log = os.path.join(tempfile.gettempdir(), f"hf-tpu-sweep-ray-{os.getpid()}.log")
+        return Worker(opts, log_path=log, threads=1)
+
+    rows, _RAY_WORKER = run_task_blocking(factory, _RAY_WORKER, task, opts)
+    return rows
+
+
+class RayExecutor:
+    def __init__(self, opts: SweepOptions, log_dir: Path | None = None):
+        self.opts = opts
+
+    def run(self, entries: list, on_done: OnDone) -> None:
+        import ray
+
+        from harness.sweep.runner import base_row
+
+        opts = self.opts
+        if not ray.is_initialized():
+            if opts.ray_address:
+                ray.init(address=opts.ray_address, log_to_driver=False)
+            else:
+                ray.init(num_cpus=opts.jobs, log_to_driver=False, include_dashboard=False)
+        remote = ray.remote(num_cpus=1, max_retries=0)(_ray_run_entry)
+        pending = {}
+        for e in entries:
+            pending[remote.remote(Task(e, tuple(opts.modes)), opts)] = (e, time.monotonic())
+        while pending:
+            done, _ = ray.wait(list(pending), num_returns=1, timeout=1.0)
+            for ref in done:
+                entry, t0 = pending.pop(ref)
+                try:
+                    rows = ray.get(ref)
+                except Exception as exc:  # noqa: BLE001  (the Ray task itself died)
+                    msg = f"ray task failed: {type(exc).__name__}"
+                    rows = [{**base_row(entry, m, opts, ""), "status": "crash", "error_type": type(exc).__name__,
+                             "error_message": msg} for m in opts.modes]
+                on_done(entry, rows, time.monotonic() - t0)
+
+
+def get_executor(opts: SweepOptions, log_dir: Path | None = None):
+    if opts.executor == "ray":
+        return RayExecutor(opts, log_dir)
+    return LocalExecutor(opts, log_dir)

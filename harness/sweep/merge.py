@@ -1,0 +1,64 @@
+"""Joining shard outputs: the union of their rows, each (entry_id, mode) exactly once."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from harness.schema import KEY
+from harness.sweep import outputs
+from harness.sweep.results import ResultStore, load_run_rows, to_frame, utc_now
+
+_VOLATILE = ("timestamp", "compile_s", "first_run_s", "run_s")
+
+
+class MergeError(ValueError):
+    pass
+
+
+def merge_frames(frames: list, names: list[str]):
+    import pandas as pd
+
+    if not frames:
+        raise MergeError("nothing to merge")
+    tagged = []
+    for df, name in zip(frames, names):
+        d = df.copy()
+        d["_source"] = name
+        tagged.append(d)
+    all_rows = pd.concat(tagged, ignore_index=True)
+    dup = all_rows[all_rows.duplicated(list(KEY), keep=False)]
+    if not dup.empty:
+        stable = [c for c in all_rows.columns if c not in _VOLATILE and c != "_source"]
+        conflicts = dup.drop_duplicates(stable).duplicated(list(KEY), keep=False)
+        if conflicts.any():
+            first = dup.iloc[0]
+            srcs = sorted(dup[(dup["entry_id"] == first["entry_id"]) & (dup["mode"] == first["mode"])]["_source"])
+            raise MergeError(f"({first['entry_id']}, {first['mode']}) has different results in {', '.join(srcs)}")
+        all_rows = all_rows.drop_duplicates(list(KEY), keep="first")
+    return to_frame(all_rows.drop(columns="_source").to_dict("records"))
+
+
+def merge_runs(run_dirs: list[str | Path], out: str | Path) -> tuple[object, dict]:
+    frames, names, metas = [], [], []
+    for d in run_dirs:
+        d = Path(d)
+        try:
+            frames.append(load_run_rows(d))
+        except (FileNotFoundError, ValueError) as exc:
+            raise MergeError(str(exc)) from None
+        names.append(str(d))
+        metas.append(ResultStore(d).read_run() or {})
+    df = merge_frames(frames, names)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = outputs.write_reports(df, out, title=f"merge of {len(run_dirs)} runs")
+    shards = sorted(tuple(m.get("selection", {}).get("shard", [1, 1])) for m in metas)
+    meta = {"run_id": out.name, "merged_from": [str(d) for d in run_dirs], "shards": shards, "finished": utc_now(),
+            "selection": {k: v for k, v in (metas[0].get("selection") or {}).items() if k != "shard"},
+            "headline": {k: v for k, v in outputs.headline(df).items() if k not in ("statuses", "excluded")}}
+    n = {s[1] for s in shards}
+    if len(n) == 1 and sorted(s[0] for s in shards) != list(range(1, n.pop() + 1)):
+        meta["warning"] = f"shards {shards} do not cover 1..N exactly"
+    (out / "run.json").write_text(json.dumps(meta, indent=2, sort_keys=True))
+    return df, paths

@@ -1,0 +1,239 @@
+"""One entry, all its modes, inside a worker: baseline, float64 reference, then each backend mode.
+
+`run_entry` reports through `emit(kind, payload)`: ("phase", name) before each phase (build, baseline,
+reference, eager, compiled) so that the parent can attribute a dead worker to the phase it died in, and
+("row", row) as each mode's row is complete.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import statistics
+import time
+from importlib import metadata
+from typing import Callable
+
+from harness.schema import SCHEMA_VERSION
+from harness.sweep import errors, numerics
+from harness.sweep.device import Device, backend_phase
+from harness.sweep.options import SweepOptions
+
+Emit = Callable[[str, object], None]
+_VERSIONS: str | None = None
+
+
+def versions() -> str:
+    global _VERSIONS
+    if _VERSIONS is None:
+        parts = []
+        for pkg in ("torch", "jax", "transformers", "diffusers"):
+            try:
+                parts.append(f"{pkg}={metadata.version(pkg)}")
+            except metadata.PackageNotFoundError:
+                parts.append(f"{pkg}=")
+        _VERSIONS = ";".join(parts)
+    return _VERSIONS
+
+
+def base_row(entry, mode: str, opts: SweepOptions, backend: str) -> dict:
+    return {
+        "entry_id": entry.id, "library": entry.library, "model_type": entry.model_type,
+        "model_class": entry.model_class, "task": entry.task, "mode": mode, "precision": opts.precision,
+        "dtype": opts.dtype, "backend": backend, "versions": versions(), "schema_version": SCHEMA_VERSION,
+    }
+
+
+def output_tensors(output) -> dict:
+    try:
+        from harness.zoo import output_tensors as zoo_output_tensors
+    except ImportError:
+        zoo_output_tensors = None
+    if zoo_output_tensors is not None:
+        return dict(zoo_output_tensors(output))
+    return _flatten(output)
+
+
+def _flatten(output, prefix: str = "out") -> dict:
+    import torch
+
+    out: dict = {}
+    if isinstance(output, torch.Tensor):
+        if output.is_floating_point() or output.is_complex():
+            out[prefix] = output
+    elif isinstance(output, dict) or hasattr(output, "items"):
+        for k, v in output.items():
+            out.update(_flatten(v, f"{prefix}.{k}" if prefix != "out" else str(k)))
+    elif isinstance(output, (list, tuple)):
+        for i, v in enumerate(output):
+            out.update(_flatten(v, f"{prefix}.{i}"))
+    return out
+
+
+def _map_tensors(obj, fn):
+    import torch
+
+    if isinstance(obj, torch.Tensor):
+        return fn(obj)
+    if isinstance(obj, torch.Generator):  # generators stay on CPU; a fresh copy each call
+        g = torch.Generator(device=obj.device)
+        g.set_state(obj.get_state())
+        return g
+    if isinstance(obj, dict):
+        return {k: _map_tensors(v, fn) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_map_tensors(v, fn) for v in obj)
+    return obj
+
+
+def prepare_inputs(inputs: dict, device: str | None = None, dtype=None) -> dict:
+    """A fresh copy of the inputs on `device`, floating tensors cast to `dtype` (generators re-seeded)."""
+
+    def fn(t):
+        if dtype is not None and t.is_floating_point():
+            t = t.to(dtype)
+        return t.to(device) if device is not None else t.clone()
+
+    return _map_tensors(inputs, fn)
+
+
+def prepare_model(model, device: str | None = None, dtype=None):
+    m = copy.deepcopy(model)
+    if dtype is not None:
+        m = m.to(dtype)
+    if device is not None:
+        m = m.to(device)
+    return m
+
+
+def to_cpu(tensors: dict) -> dict:
+    return {k: v.detach().to("cpu") for k, v in tensors.items()}
+
+
+def _torch_dtype(name: str):
+    import torch
+
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16}[name]
+
+
+def run_entry(entry, modes: tuple[str, ...], opts: SweepOptions, device: Device, emit: Emit,
+              skip_reference: bool = False, overrides: numerics.Overrides | None = None) -> None:
+    import torch
+
+    backend = device.backend_label()
+    rows = {m: base_row(entry, m, opts, backend) for m in modes}
+
+    def finish_all(status: str, **fields) -> None:
+        for m in modes:
+            emit("row", {**rows[m], "status": status, **fields})
+
+    tol = numerics.tolerance_for(entry.id, opts.precision, opts.dtype, overrides)
+    if tol.skip:
+        return finish_all("skipped", error_message=errors.normalise(tol.skip))
+    if not getattr(entry, "available", True):
+        return finish_all("not_available", error_message=errors.normalise(getattr(entry, "reason", "")))
+
+    emit("phase", "build")
+    try:
+        built = entry.build(seed=opts.seed)
+    except Exception as exc:  # noqa: BLE001
+        return finish_all("not_available", **errors.error_fields(exc))
+
+    dtype = _torch_dtype(opts.dtype)
+    low_precision = dtype != torch.float32
+    call = built.call
+
+    emit("phase", "baseline")
+    torch.set_float32_matmul_precision("highest")
+    base_dev = "cuda" if opts.baseline == "cuda" else None
+    try:
+        with torch.no_grad():
+            torch.manual_seed(opts.seed)
+            bmodel = prepare_model(built.model, base_dev, dtype if low_precision else None) if (
+                base_dev or low_precision) else built.model
+            ref = to_cpu(output_tensors(call(bmodel, prepare_inputs(built.inputs, base_dev,
+                                                                      dtype if low_precision else None))))
+        del bmodel
+    except Exception as exc:  # noqa: BLE001
+        return finish_all("baseline_fail", **errors.error_fields(exc))
+
+    fp64 = None
+    if not skip_reference:
+        emit("phase", "reference")
+        try:
+            with torch.no_grad():
+                torch.manual_seed(opts.seed)
+                rmodel = prepare_model(built.model, None, torch.float64)
+                fp64 = to_cpu(output_tensors(call(rmodel, prepare_inputs(built.inputs, None, torch.float64))))
+            del rmodel
+        except Exception:  # noqa: BLE001  (no fp64 reference: allclose alone decides)
+            fp64 = None
+
+    for mode in modes:
+        emit("phase", mode)
+        emit("row", {**rows[mode], **run_mode(mode, built, ref, fp64, opts, device, tol, dtype if low_precision else None)})
+
+
+def run_mode(mode: str, built, ref: dict, fp64: dict | None, opts: SweepOptions, device: Device,
+             tol: numerics.Tolerance, dtype=None) -> dict:
+    import torch
+    import torch._dynamo
+
+    device.reset_stats()
+    device.set_precision(opts.precision)
+    row: dict = {}
+    phase = "run"
+    try:
+        torch._dynamo.reset()  # `call` is shared by all entries: no guards or cache carried over
+        model = prepare_model(built.model, device.name, dtype)
+        fn = built.call
+        if mode == "compiled":
+            fn = torch.compile(built.call, backend=device.compile_backend, dynamic=False)
+        with torch.no_grad(), backend_phase():
+            torch.manual_seed(opts.seed)
+            phase = "first"
+            t0 = time.perf_counter()
+            res = to_cpu(output_tensors(fn(model, prepare_inputs(built.inputs, device.name, dtype))))
+            first = time.perf_counter() - t0
+            n = opts.repeats if first < 2.0 else (1 if first < 60.0 or mode == "compiled" else 0)
+            times = []
+            phase = "steady"
+            for _ in range(n):
+                inputs = prepare_inputs(built.inputs, device.name, dtype)
+                t0 = time.perf_counter()
+                to_cpu(output_tensors(fn(model, inputs)))
+                times.append(time.perf_counter() - t0)
+        steady = statistics.median(times) if times else math.nan
+        row.update(first_run_s=first, run_s=steady)
+        if mode == "compiled" and times:
+            row["compile_s"] = max(0.0, first - steady)
+        cmp = numerics.compare_outputs(ref, res, fp64, tol)
+        row.update(cmp.metrics())
+        row["status"] = "pass" if cmp.match else "fail_accuracy"
+        if not cmp.match:
+            row["error_type"] = "AccuracyError"
+            row["error_message"] = errors.normalise(cmp.reason)
+    except Exception as exc:  # noqa: BLE001
+        if errors.is_oom(exc):
+            status = "oom"
+        elif mode == "compiled" and (errors.is_compile_error(exc) or phase == "first" and _during_compile(exc)):
+            status = "compile_fail"
+        else:
+            status = "fail_to_run"
+        row.update(status=status, **errors.error_fields(exc))
+    stats = device.stats()
+    row["compilations"] = stats.get("compilations")
+    row["graph_breaks"] = stats.get("graph_breaks")
+    row["fallback_ops"] = ";".join(f"{k}:{v}" for k, v in sorted((stats.get("fallback_ops") or {}).items()))
+    return row
+
+
+def _during_compile(exc: BaseException) -> bool:
+    """A compiled first call failed inside the backend's compiler (a frame of hf_tpu's compile module)."""
+    tb = exc.__traceback__
+    while tb is not None:
+        name = tb.tb_frame.f_code.co_filename
+        if "hf_tpu" in name and "compil" in name:
+            return True
+        tb = tb.tb_next
+    return False

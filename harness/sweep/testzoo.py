@@ -1,0 +1,143 @@
+"""Purpose-built entries for testing the harness itself: `--zoo test` (all of them) or
+`--zoo test:NAME[*COUNT],NAME...` (e.g. `test:pass*10,abort`). They are never part of the real zoo.
+
+Each misbehaves only on the backend (the `tpu` runs, or the cpu stand-in's backend phase), so the CPU baseline
+runs and the status is the backend's:
+
+    pass        a tiny MLP: `pass`
+    raise       NotImplementedError naming aten::foo.default: `fail_to_run` with failing_op
+    compile     uses torch.cosh, which the cpu stand-in's compiler refuses: `compile_fail` (compiled mode)
+    abort       os.abort(): `crash`
+    sleep       sleeps past any sensible timeout: `timeout`
+    oom         allocates until the memory cap stops it: `oom`
+    perturb     output + 1e-2: `fail_accuracy`
+    baseline    raises on the CPU baseline too: `baseline_fail`
+    missing     cannot be built: `not_available`
+    slow        a `pass` that takes ~0.4 s (for kill/resume tests)
+
+With HF_TPU_SWEEP_TEST_LOG=path each build appends "<entry_id> <pid>" to that file (exactly-once tests).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+KINDS = ("pass", "raise", "compile", "abort", "sleep", "oom", "perturb", "baseline", "missing", "slow")
+DEFAULT_SET = ("pass", "raise", "compile", "abort", "sleep", "oom", "perturb", "baseline", "missing")
+EXPECTED_STATUS = {
+    "pass": "pass", "raise": "fail_to_run", "compile": "compile_fail", "abort": "crash", "sleep": "timeout",
+    "oom": "oom", "perturb": "fail_accuracy", "baseline": "baseline_fail", "missing": "not_available",
+    "slow": "pass",
+}
+_SPEC_RE = re.compile(r"^([a-z]+)(?:\*(\d+))?$")
+
+
+@dataclass
+class TestBuilt:
+    model: Any
+    inputs: dict
+    call: Callable
+
+
+@dataclass(frozen=True)
+class TestEntry:
+    id: str
+    library: str
+    model_type: str
+    model_class: str
+    task: str
+    available: bool = True
+    reason: str = ""
+    kind: str = "pass"
+
+    def build(self, seed: int = 0) -> TestBuilt:
+        log = os.environ.get("HF_TPU_SWEEP_TEST_LOG")
+        if log:
+            fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            try:
+                os.write(fd, f"{self.id} {os.getpid()}\n".encode())
+            finally:
+                os.close(fd)
+        if not self.available:
+            raise RuntimeError(self.reason)
+        import torch
+
+        torch.manual_seed(seed)
+        model = _make_model(self.kind).eval()
+        inputs = {"x": torch.randn(4, 16, generator=torch.Generator().manual_seed(seed))}
+        return TestBuilt(model=model, inputs=inputs, call=_call)
+
+
+def _call(model, inputs):
+    return model(**inputs)
+
+
+def _make_model(kind: str):
+    import torch
+    from torch import nn
+
+    from harness.sweep.device import on_backend
+
+    class Tiny(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc1 = nn.Linear(16, 32)
+            self.fc2 = nn.Linear(32, 8)
+
+        def forward(self, x):
+            h = torch.nn.functional.gelu(self.fc1(x))
+            if kind == "compile":
+                h = torch.cosh(h * 0.1)
+            out = self.fc2(h)
+            backend = on_backend(x)
+            if kind == "raise" and backend:
+                exc = NotImplementedError("no lowering for aten::foo.default on tpu")
+                exc.op = "aten::foo.default"  # type: ignore[attr-defined]
+                raise exc
+            if kind == "baseline":
+                raise ValueError("this model does not run on CPU either")
+            if kind == "abort" and backend:
+                os.abort()
+            if kind == "sleep" and backend:
+                time.sleep(3600)
+            if kind == "oom" and backend:
+                hog = []
+                while True:  # grows until the memory cap stops the worker
+                    hog.append(torch.ones(64 * 2**20 // 4))
+                    time.sleep(0.005)
+            if kind == "perturb" and backend:
+                out = out + 1e-2
+            if kind == "slow":
+                time.sleep(0.4 if not torch.compiler.is_compiling() else 0)
+            return {"logits": out, "hidden": h}
+
+    return Tiny()
+
+
+def parse_spec(spec: str) -> list[TestEntry]:
+    """`test` or `test:NAME[*COUNT],...` -> entries. Raises ValueError naming a bad part."""
+    body = spec.split(":", 1)[1] if ":" in spec else ""
+    parts = [p.strip() for p in body.split(",") if p.strip()] if body else list(DEFAULT_SET)
+    entries: list[TestEntry] = []
+    for part in parts:
+        m = _SPEC_RE.match(part)
+        if not m or m.group(1) not in KINDS:
+            raise ValueError(f"unknown test entry {part!r} in --zoo {spec!r} (known: {', '.join(KINDS)})")
+        kind, count = m.group(1), m.group(2)
+        n = int(count) if count else 1
+        for i in range(n):
+            eid = f"test/{kind}" if count is None else f"test/{kind}_{i:03d}"
+            entries.append(TestEntry(
+                id=eid, library="test", model_type=kind, model_class="Tiny",
+                task="test-" + ("regression" if kind in ("pass", "slow", "perturb") else "failure"),
+                available=kind != "missing", reason="not cached offline (test entry)" if kind == "missing" else "",
+                kind=kind,
+            ))
+    ids = [e.id for e in entries]
+    if len(set(ids)) != len(ids):
+        raise ValueError(f"--zoo {spec!r} names an entry twice")
+    return entries

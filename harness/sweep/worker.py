@@ -1,0 +1,315 @@
+"""Worker processes: reused across entries, one entry at a time each, with a per-entry timeout, a memory cap
+(a psutil watchdog on the worker's resident memory) and crash detection. A worker that dies or is killed
+costs the row of the phase it was in; `resolve_death` turns that into rows and, when modes remain, a
+continuation task that a fresh worker runs.
+
+The worker is `python -m harness.sweep.worker RFD WFD`: a plain subprocess speaking pickled messages over two
+pipes (multiprocessing.connection), so its environment (HF_HUB_OFFLINE=1, ...) is set before anything imports.
+Messages to the worker: ("run", Task) | ("stop", None). From it: ("ready", info) once imports are done, then
+per task ("phase", name), ("row", row)..., ("done", rss_bytes).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field, replace
+from multiprocessing.connection import Connection
+
+from harness.sweep import errors
+from harness.sweep.options import SweepOptions, worker_threads
+
+POLL_S = 0.05
+STARTUP_TIMEOUT_S = 300.0
+
+
+@dataclass
+class Task:
+    entry: object
+    modes: tuple[str, ...]
+    skip_reference: bool = False
+    attempt: int = 0
+
+
+@dataclass
+class Death:
+    why: str  # crash | timeout | oom
+    phase: str | None
+    exitcode: int | None = None
+
+
+@dataclass
+class Outcome:
+    rows: list[dict] = field(default_factory=list)
+    death: Death | None = None
+
+
+BACKEND_PHASES = ("eager", "compiled")
+
+
+def resolve_death(task: Task, rows: list[dict], death: Death, opts: SweepOptions, backend: str = "") -> tuple[list[dict], Task | None]:
+    """Rows to add for a dead worker's task, and the continuation task (modes still to run), if any."""
+    from harness.sweep.runner import base_row
+
+    done = {r["mode"] for r in rows}
+    remaining = tuple(m for m in task.modes if m not in done)
+    fields = errors.death_fields(death.exitcode, death.why)
+    if death.phase in BACKEND_PHASES and death.phase in remaining:
+        row = {**base_row(task.entry, death.phase, opts, backend), "status": death.why, **fields}
+        if death.why != "crash":
+            row["error_message"] = f"{death.why} after {opts.timeout:g} s" if death.why == "timeout" else (
+                "worker passed the memory cap")
+        rest = tuple(m for m in remaining if m != death.phase)
+        return [row], (replace(task, modes=rest, attempt=task.attempt + 1) if rest else None)
+    if death.phase == "reference" and not task.skip_reference:
+        # the float64 reference is an extra; run again without it
+        return [], replace(task, modes=remaining, skip_reference=True, attempt=task.attempt + 1)
+    # died building or running the CPU baseline: not the backend's fault
+    what = {"crash": fields["error_message"] or "worker died", "timeout": f"timeout after {opts.timeout:g} s",
+            "oom": "worker passed the memory cap"}[death.why]
+    out = []
+    for m in remaining:
+        out.append({**base_row(task.entry, m, opts, backend), "status": "baseline_fail", **fields,
+                    "error_message": f"{what} during {death.phase or 'startup'}"})
+    return out, None
+
+
+class Worker:
+    """One reusable worker process (the parent's handle)."""
+
+    def __init__(self, opts: SweepOptions, log_path: str | None = None, threads: int | None = None):
+        self.opts = opts
+        r_parent, w_child = os.pipe()
+        r_child, w_parent = os.pipe()
+        env = {**os.environ, **opts.worker_env()}
+        env["HF_TPU_SWEEP_THREADS"] = str(threads or worker_threads(opts.jobs))
+        self._log = open(log_path, "ab") if log_path else subprocess.DEVNULL  # noqa: SIM115
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "harness.sweep.worker", str(r_child), str(w_child)],
+            pass_fds=(r_child, w_child), env=env, stdout=self._log, stderr=self._log, stdin=subprocess.DEVNULL,
+        )
+        os.close(r_child)
+        os.close(w_child)
+        self.conn_in = Connection(r_parent, writable=False)
+        self.conn_out = Connection(w_parent, readable=False)
+        self.ready = False
+        self.started = time.monotonic()
+        self.backend = ""
+        self.task: Task | None = None
+        self.outcome: Outcome | None = None
+        self.phase: str | None = None
+        self.deadline = 0.0
+        self.entries_run = 0
+        self.last_rss = 0
+        self._killed_for: str | None = None
+        self._ps = None
+        self.conn_out.send(("setup", opts))
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def busy(self) -> bool:
+        return self.task is not None
+
+    def start(self, task: Task) -> None:
+        self.task, self.outcome, self.phase = task, Outcome(), None
+        self.deadline = time.monotonic() + self.opts.timeout
+        self.conn_out.send(("run", task))
+
+    def rss(self) -> int:
+        try:
+            import psutil
+
+            if self._ps is None:
+                self._ps = psutil.Process(self.pid)
+            total = self._ps.memory_info().rss
+            for child in self._ps.children(recursive=True):
+                try:
+                    total += child.memory_info().rss
+                except psutil.Error:
+                    pass
+            return total
+        except Exception:  # noqa: BLE001
+            return 0
+
+    def watchdog(self, cap: int | None) -> None:
+        """Kill a worker past its deadline or memory cap (the reason is kept for the row)."""
+        if self._killed_for or not self.alive():
+            return
+        if not self.ready and time.monotonic() - self.started > STARTUP_TIMEOUT_S:
+            self.kill("timeout")
+        elif self.busy() and time.monotonic() > self.deadline:
+            self.kill("timeout")
+        elif cap is not None and self.rss() > cap:
+            self.kill("oom")
+
+    def kill(self, why: str) -> None:
+        self._killed_for = why
+        try:
+            self.proc.kill()
+        except ProcessLookupError:
+            pass
+
+    def receive(self) -> str | None:
+        """Read one message. Returns "ready", "done", "dead" or None."""
+        try:
+            kind, payload = self.conn_in.recv()
+        except (EOFError, OSError):
+            return self._died()
+        if kind == "ready":
+            self.ready, self.backend = True, payload.get("backend", "")
+            return "ready"
+        if kind == "phase":
+            self.phase = payload
+        elif kind == "row":
+            self.outcome.rows.append(payload)
+        elif kind == "done":
+            self.last_rss = int(payload or 0)
+            self.entries_run += 1
+            self.task = None
+            return "done"
+        return None
+
+    def _died(self) -> str:
+        try:
+            code = self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            code = self.proc.wait()
+        why = self._killed_for or "crash"
+        if self.outcome is None:
+            self.outcome = Outcome()
+        self.outcome.death = Death(why=why, phase=self.phase, exitcode=code)
+        self.close()
+        return "dead"
+
+    def stop(self) -> None:
+        try:
+            self.conn_out.send(("stop", None))
+        except OSError:
+            pass
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.close()
+
+    def close(self) -> None:
+        for c in (self.conn_in, self.conn_out):
+            try:
+                c.close()
+            except OSError:
+                pass
+        if self._log not in (None, subprocess.DEVNULL):
+            self._log.close()
+            self._log = None
+
+
+def run_task_blocking(worker_factory, worker: Worker | None, task: Task, opts: SweepOptions) -> tuple[list[dict], Worker | None]:
+    """Run one entry to completion on a single reusable worker (the Ray executor's path): continuations after
+    a death run on a fresh worker. Returns (rows, the worker to reuse or None)."""
+    from multiprocessing.connection import wait
+
+    cap = opts.memory_cap_bytes()
+    rows: list[dict] = []
+    while True:
+        if worker is None or not worker.alive():
+            worker = worker_factory()
+        while not worker.ready:
+            if wait([worker.conn_in], timeout=POLL_S):
+                state = worker.receive()
+                if state == "dead":
+                    raise RuntimeError(f"sweep worker failed to start (exit code {worker.proc.returncode})")
+            worker.watchdog(cap)
+        worker.start(task)
+        state = None
+        while state not in ("done", "dead"):
+            if wait([worker.conn_in], timeout=POLL_S):
+                state = worker.receive()
+            else:
+                worker.watchdog(cap)
+        rows.extend(worker.outcome.rows)
+        if state == "done":
+            return rows, worker
+        extra, task = resolve_death(task, worker.outcome.rows, worker.outcome.death, opts, worker.backend)
+        rows.extend(extra)
+        worker = None
+        if task is None:
+            return rows, None
+
+
+# ----------------------------------------------------------------------------------------------- child side
+def _child_main(rfd: int, wfd: int) -> None:
+    conn_in = Connection(rfd, writable=False)
+    conn_out = Connection(wfd, readable=False)
+    try:
+        import torch
+
+        torch.set_num_threads(int(os.environ.get("HF_TPU_SWEEP_THREADS", "1")))
+        from harness.sweep.device import get_device
+        from harness.sweep.numerics import load_overrides
+        from harness.sweep.runner import run_entry
+    except BaseException as exc:  # noqa: BLE001
+        print(f"sweep worker failed to start: {exc!r}", file=sys.stderr, flush=True)
+        raise
+    device = None
+    overrides = None
+    while True:
+        try:
+            kind, payload = conn_in.recv()
+        except EOFError:
+            return
+        if kind == "stop":
+            return
+        if kind == "setup":
+            opts: SweepOptions = payload
+            device = get_device(opts.device)
+            device.setup()
+            overrides = load_overrides(opts.tolerances)
+            try:
+                import transformers  # noqa: F401  (warm: a fresh process spends ~2 s importing)
+                if not opts.zoo.startswith("test"):
+                    import harness.zoo  # noqa: F401
+            except ImportError:
+                pass
+            conn_out.send(("ready", {"pid": os.getpid(), "backend": device.backend_label()}))
+            continue
+        if kind == "run":
+            task: Task = payload
+            sent: set[str] = set()
+
+            def emit(k, p, _sent=sent):
+                if k == "row":
+                    _sent.add(p["mode"])
+                conn_out.send((k, p))
+
+            try:
+                run_entry(task.entry, task.modes, opts, device, emit, skip_reference=task.skip_reference,
+                          overrides=overrides)
+            except BaseException as exc:  # noqa: BLE001  (a harness bug: keep going, say so in the rows)
+                from harness.sweep.runner import base_row
+
+                for m in task.modes:
+                    if m not in sent:
+                        emit("row", {**base_row(task.entry, m, opts, device.backend_label()), "status": "fail_to_run",
+                                     **errors.error_fields(exc),
+                                     "error_message": errors.normalise(f"harness error: {exc!r}")})
+            rss = 0
+            try:
+                import psutil
+
+                rss = psutil.Process().memory_info().rss
+            except Exception:  # noqa: BLE001
+                pass
+            conn_out.send(("done", rss))
+
+
+if __name__ == "__main__":
+    _child_main(int(sys.argv[1]), int(sys.argv[2]))
