@@ -3,6 +3,7 @@ fallback kernel. Nothing here imports JAX; the first op on a tpu tensor does."""
 
 from __future__ import annotations
 
+import functools
 import os
 from typing import Any
 
@@ -135,6 +136,15 @@ def _fallback(op: Any, *args: Any, **kwargs: Any) -> Any:
     return dispatch.dispatch(op, args, kwargs)
 
 
+PER_OP_KERNELS = (
+    "empty.memory_format",
+    "empty_strided",
+    "_copy_from",
+    "_copy_from_and_resize",
+)
+_aten_lib: torch.library.Library | None = None
+
+
 def real_torch_tpu_present() -> bool:
     """torch_tpu is installed and TPU chips are attached: then it serves `tpu`, not us."""
     import glob
@@ -162,6 +172,14 @@ def register() -> bool:
     _setup_privateuseone_for_python_backend(NAME, backend_module=TpuModule(), hook=_Hooks(), device_guard=_Guard())
     _lib = torch.library.Library("_", "IMPL")  # noqa: TOR901 - a backend fallback, held for the process
     _lib.fallback(_fallback, "PrivateUse1")
+    # PyTorch's Python dispatcher (used while Dynamo traces with fake tensors) cannot reach a Python
+    # *fallback* ("func != nullptr" assert): ops it may send to PrivateUse1 get a per-op kernel too.
+    global _aten_lib
+    _aten_lib = torch.library.Library("aten", "IMPL")  # noqa: TOR901
+    for name in PER_OP_KERNELS:
+        packet, _, overload = name.partition(".")
+        op = getattr(getattr(torch.ops.aten, packet), overload or "default")
+        _aten_lib.impl(name, functools.partial(_fallback, op), "PrivateUse1")
     precision.install()
     _registered = True
     return True

@@ -359,9 +359,8 @@ def dispatch(op: Any, args: tuple, kwargs: dict) -> Any:
     kwargs = dict(kwargs)
     outs = [kwargs.pop(a.name) for a in op._schema.arguments if a.is_out and a.name in kwargs]
     fargs = {a.name for a in func._schema.arguments}
-    kwargs = {k: v for k, v in kwargs.items() if k in fargs}
-    if "dtype" in fargs and kwargs.get("dtype") is None and outs:
-        kwargs["dtype"] = outs[0].dtype
+    # None kwargs are defaults; torchax lowerings often do not name them (e.g. mean's dtype)
+    kwargs = {k: v for k, v in kwargs.items() if k in fargs and v is not None}
     res = run_functional(func, args, kwargs)
     results = list(res) if isinstance(res, (list, tuple)) else [res]
     for o, r in zip(outs, results):
