@@ -64,9 +64,9 @@ def _run(args: list[str], timeout: float) -> subprocess.CompletedProcess:
     return proc
 
 
-def dump_dom(url: str, timeout: float = 90.0) -> str:
-    """The DOM after the page's scripts ran (chromium --dump-dom)."""
-    return _run(["--virtual-time-budget=3000", "--dump-dom", url], timeout).stdout
+def dump_dom(url: str, width: int = 1280, height: int = 2000, timeout: float = 90.0) -> str:
+    """The DOM after the page's scripts ran (chromium --dump-dom), laid out in a width x height window."""
+    return _run([f"--window-size={width},{height}", "--dump-dom", url], timeout).stdout
 
 
 def screenshot(url: str, out: str | Path, width: int = 1280, height: int = 2000, timeout: float = 90.0) -> Path:

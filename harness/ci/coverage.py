@@ -73,7 +73,7 @@ def coverage_by(df: pd.DataFrame, by: str | list[str]) -> pd.DataFrame:
 
     Columns: by..., rows, excluded, denominator, crash_free, crash_free_pct, ran, numerics_match,
     numerics_match_pct, then one count column per status in schema.STATUSES (named after the status).
-    Sorted by `by`.
+    Sorted by `by` (modes in schema.MODES order). A group with an empty denominator has pct NaN.
     """
     keys = [by] if isinstance(by, str) else list(by)
     out = []
@@ -105,7 +105,11 @@ def coverage_by(df: pd.DataFrame, by: str | list[str]) -> pd.DataFrame:
         "numerics_match_pct",
         *schema.STATUSES,
     ]
-    return pd.DataFrame(out, columns=cols)
+    t = pd.DataFrame(out, columns=cols)
+    if "mode" in keys:
+        rank = {m: i for i, m in enumerate(schema.MODES)}
+        t = t.sort_values(keys, key=lambda c: c.map(rank).fillna(len(rank)) if c.name == "mode" else c, kind="stable")
+    return t.reset_index(drop=True)
 
 
 _HEX = re.compile(r"0x[0-9a-fA-F]+")

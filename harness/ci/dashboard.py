@@ -250,10 +250,11 @@ def trend_svg(points: list[dict]) -> str:
             f'<text x="{px(i):.1f}" y="{height - bottom + 18}" font-size="11" text-anchor="middle" fill="#46505a">'
             f"{_e(label)}</text>"
         )
-        parts.append(
-            f'<text x="{px(i):.1f}" y="{height - bottom + 32}" font-size="10" text-anchor="middle" fill="#8a949e">'
-            f"{_e(p['name'][:24])}</text>"
-        )
+        if p["name"] != label:
+            parts.append(
+                f'<text x="{px(i):.1f}" y="{height - bottom + 32}" font-size="10" text-anchor="middle" '
+                f'fill="#8a949e">{_e(p["name"][:24])}</text>'
+            )
     lx = left
     for color, label in ((CRASH_FREE_COLOR, "crash-free %"), (NUMERICS_COLOR, "numerics-match %")):
         parts.append(f'<rect x="{lx}" y="{height - 14}" width="12" height="4" fill="{color}"/>')

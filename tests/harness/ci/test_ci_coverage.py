@@ -1,0 +1,98 @@
+"""Headline figures, coverage breakdowns, crash grouping and worst numerics on a crafted run."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pandas as pd
+import pytest
+
+from harness import schema
+from harness.ci import coverage as cov
+from harness.ci.runs import read_results_csv
+from harness.ci.sample import demo_rows, row, write_run
+
+
+@pytest.fixture
+def demo(tmp_path) -> pd.DataFrame:
+    # Through the CSV and the validating reader, as the CLIs see it.
+    return read_results_csv(write_run(tmp_path / "demo", demo_rows()) / "results.csv")
+
+
+def test_headline_denominators(demo: pd.DataFrame) -> None:
+    h = cov.headline(demo)
+    # 22 rows; 5 excluded (2 not_available, 2 baseline_fail, 1 skipped); 6 run failures; 11 ran, 9 passed.
+    assert (h.rows, h.excluded) == (22, 5)
+    assert (h.crash_free.num, h.crash_free.den) == (11, 17)
+    assert (h.numerics_match.num, h.numerics_match.den) == (9, 11)
+    assert str(h.crash_free) == "64.7% (11/17)"
+    assert cov.Figure(0, 0).pct is None and str(cov.Figure(0, 0)) == "n/a (0/0)"
+
+
+def test_coverage_by_mode_task_library(demo: pd.DataFrame) -> None:
+    by_mode = cov.coverage_by(demo, "mode").set_index("mode")
+    assert list(by_mode.index) == ["eager", "compiled"]  # schema order, not alphabetical
+    assert by_mode.loc["eager", ["denominator", "crash_free", "ran", "numerics_match"]].tolist() == [9, 6, 6, 5]
+    assert by_mode.loc["compiled", ["denominator", "crash_free", "ran", "numerics_match"]].tolist() == [8, 5, 5, 4]
+    assert by_mode.loc["compiled", "skipped"] == 1
+    # Per-group figures add up to the headline.
+    assert by_mode["crash_free"].sum() == 11 and by_mode["denominator"].sum() == 17
+    by_task = cov.coverage_by(demo, "task").set_index("task")
+    assert by_task.loc["speech", "denominator"] == 0 and pd.isna(by_task.loc["speech", "crash_free_pct"])
+    assert by_task.loc["image-classification", "numerics_match_pct"] == 0.0
+    by_lib = cov.coverage_by(demo, "library")
+    assert list(by_lib["library"]) == ["diffusers", "hub", "test", "transformers"]
+    assert by_lib[list(schema.STATUSES)].to_numpy().sum() == len(demo)
+
+
+def test_normalise_message() -> None:
+    a = cov.normalise_message("no lowering for aten::_weight_int4pack_mm at 0x7f3a2c (shape [2, 128])")
+    b = cov.normalise_message("no lowering for aten::_weight_int4pack_mm at 0x55aa10 (shape [4, 64])\nTraceback")
+    assert a == b == "no lowering for aten::_weight_int4pack_mm at 0x… (shape [N, N])"
+    assert cov.normalise_message("float32 vs bfloat16 in conv2d, 3.5e-3 off") == "float32 vs bfloat16 in conv2d, N off"
+    assert cov.normalise_message("cannot open /root/.cache/x/model.bin") == "cannot open <path>"
+    assert cov.normalise_message("") == ""
+
+
+def test_crash_table_groups_by_root_cause(demo: pd.DataFrame) -> None:
+    t = cov.crash_table(demo)
+    assert list(t.columns) == cov.CRASH_COLUMNS
+    top = t.iloc[0]
+    # t5 (eager+compiled) and mixtral (compiled) share one cause despite different addresses and shapes.
+    assert (top["failing_op"], top["entries"], top["rows"]) == ("aten::_weight_int4pack_mm", 2, 3)
+    assert top["statuses"] == "compile_fail, fail_to_run" and top["modes"] == "eager, compiled"
+    assert t["entries"].is_monotonic_decreasing
+    assert t["rows"].sum() == demo["status"].isin(schema.RUN_FAILURES).sum()
+    assert cov.crash_table(demo[demo["status"] == "pass"]).empty
+
+
+def test_worst_numerics_order(demo: pd.DataFrame) -> None:
+    w = cov.worst_numerics(demo, n=4)
+    assert list(w["status"][:2]) == ["fail_accuracy", "fail_accuracy"]
+    assert w.iloc[2]["entry_id"] == "diffusers/unet/UNet2DModel"  # rmse_ratio 1.4, the worst of the passes
+    assert len(w) == 4
+
+
+def test_coverage_markdown_has_the_figures(demo: pd.DataFrame) -> None:
+    md = cov.coverage_markdown(demo)
+    assert "**crash-free**: 64.7% (11/17)" in md and "**numerics-match**: 81.8% (9/11)" in md
+    assert "| eager | 66.7% (6/9) | 83.3% (5/6) | 2 |" in md
+    assert "## Crashes by root cause (4)" in md
+
+
+@pytest.mark.skipif(importlib.util.find_spec("harness.sweep.outputs") is None, reason="harness.sweep not built")
+def test_same_headline_as_the_sweep(demo: pd.DataFrame) -> None:
+    # The sweep's coverage.md and the dashboard must never disagree on the headline figures.
+    from harness.sweep import outputs
+
+    theirs = outputs.headline(demo)
+    ours = cov.headline(demo)
+    assert (theirs["crash_free"], theirs["counted"]) == (ours.crash_free.num, ours.crash_free.den)
+    assert (theirs["passed"], theirs["ran"]) == (ours.numerics_match.num, ours.numerics_match.den)
+
+
+def test_reader_types_columns(tmp_path) -> None:
+    df = read_results_csv(write_run(tmp_path / "r", [row("a", graph_breaks=2, compile_s=1.5), row("b")]) / "results.csv")
+    assert df["graph_breaks"].dtype == "Int64" and df["graph_breaks"].tolist()[0] == 2
+    assert df["compile_s"].dtype == float and pd.isna(df["compile_s"].iloc[1])
+    assert df["error_type"].tolist() == ["", ""]
