@@ -80,7 +80,7 @@ def coverage_by(df: pd.DataFrame, by: str | list[str]) -> pd.DataFrame:
     for val, g in df.groupby(keys, sort=True, dropna=False):
         h = headline(g)
         vals = val if isinstance(val, tuple) else (val,)
-        rec = dict(zip(keys, vals))
+        rec = dict(zip(keys, vals, strict=True))
         rec.update(
             rows=h.rows,
             excluded=h.excluded,

@@ -327,9 +327,9 @@ def _entries_html(df: pd.DataFrame, comp: pd.DataFrame | None) -> str:
     has_cls = comp is not None
     if has_cls:
         m = comp.set_index(["entry_id", "mode"])["class"]
-        d["cls"] = [m.get((e, mo), "") for e, mo in zip(d["entry_id"], d["mode"])]
+        d["cls"] = [m.get((e, mo), "") for e, mo in zip(d["entry_id"], d["mode"], strict=True)]
     d["error"] = [
-        f"{t}: {msg}" if t and msg else (t or msg) for t, msg in zip(d["error_type"], d["error_message"])
+        f"{t}: {msg}" if t and msg else (t or msg) for t, msg in zip(d["error_type"], d["error_message"], strict=True)
     ]
     d = d.sort_values(["entry_id", "mode"], kind="stable")
     cols: list[tuple[str, str, str]] = [

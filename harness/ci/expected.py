@@ -10,6 +10,7 @@ Layout (see reports/expected/README.md), after PyTorch's benchmarks/dynamo/ci_ex
 
 from __future__ import annotations
 
+import io
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -72,7 +73,7 @@ def load_expected(expected_dir: str | Path = DEFAULT_DIR) -> Expected:
         dup = df["name"][df["name"].duplicated()]
         if len(dup):
             raise InputError(f"{p} lists {dup.iloc[0]!r} more than once; keep one row per entry")
-        for name, status in zip(df["name"], df["status"]):
+        for name, status in zip(df["name"], df["status"], strict=True):
             exp.status[(name, mode)] = status
     if not found:
         raise InputError(
@@ -91,14 +92,16 @@ def load_expected(expected_dir: str | Path = DEFAULT_DIR) -> Expected:
                 f"{fp} has unknown mode value(s) {', '.join(map(repr, bad))}; use one of "
                 f"{', '.join(schema.MODES)}, or leave mode empty for every mode"
             )
-        for name, mode, reason in zip(df["name"], df["mode"], df["reason"]):
+        for name, mode, reason in zip(df["name"], df["mode"], df["reason"], strict=True):
             exp.flaky.setdefault(name, {})[mode] = reason
     return exp
 
 
 def _read_csv(p: Path, required: list[str]) -> pd.DataFrame:
     try:
-        df = pd.read_csv(p, dtype=str, keep_default_na=False, na_values=[], comment="#")
+        # Whole-line `#` comments only: a `#` inside a flaky reason is text.
+        text = "".join(line for line in p.read_text(encoding="utf-8").splitlines(True) if not line.lstrip().startswith("#"))
+        df = pd.read_csv(io.StringIO(text), dtype=str, keep_default_na=False, na_values=[])
     except pd.errors.EmptyDataError:
         return pd.DataFrame({c: pd.Series([], dtype=str) for c in required})
     except (pd.errors.ParserError, UnicodeDecodeError) as exc:
@@ -142,9 +145,9 @@ def accept(run: Run, expected_dir: str | Path = DEFAULT_DIR, update: bool = Fals
         old: dict[str, str] = {}
         if p.exists():
             old_df = _read_csv(p, EXPECTED_COLUMNS)
-            old = dict(zip(old_df["name"], old_df["status"]))
+            old = dict(zip(old_df["name"], old_df["status"], strict=True))
         new = dict(old) if update else {}
-        new.update(zip(sub["entry_id"], sub["status"]))
+        new.update(zip(sub["entry_id"], sub["status"], strict=True))
         names = sorted(set(old) | set(new))
         res.changed[mode] = sum(old.get(n) != new.get(n) for n in names)
         out = pd.DataFrame(sorted(new.items()), columns=EXPECTED_COLUMNS)
