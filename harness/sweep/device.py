@@ -51,6 +51,8 @@ class Device:
 
             info = hf_tpu.backend_info()
             backend, platform = str(info.get("backend", "hf_tpu")), str(info.get("platform", ""))
+            if "jax_version" in info and "jax" not in backend:
+                backend += "-jax"  # e.g. hf_tpu-jax-cpu: the JAX stand-in on XLA:CPU
             return backend if not platform or platform in backend else f"{backend}-{platform}"
         except Exception as exc:  # noqa: BLE001
             return f"unknown ({type(exc).__name__})"

@@ -1,0 +1,91 @@
+import math
+
+import pytest
+import torch
+
+from harness.sweep import numerics
+from harness.sweep.numerics import Tolerance, compare_outputs, compare_tensor, load_overrides, tolerance_for
+
+
+def test_every_precision_and_dtype_has_a_tolerance():
+    for p in ("highest", "high", "medium"):
+        for d in ("float32", "bfloat16"):
+            assert tolerance_for("x", p, d).tol > 0
+    assert tolerance_for("x", "highest", "float32").tol == 1e-4  # same()'s default
+
+
+def test_identical_outputs_match():
+    t = torch.randn(64, 64)
+    c = compare_outputs({"a": t}, {"a": t.clone()}, {"a": t.double()}, Tolerance(1e-4))
+    assert c.match and c.max_abs_err == 0 and c.cosine == 1.0
+
+
+def test_fp64_rule_passes_within_multiplier_and_fails_beyond():
+    torch.manual_seed(0)
+    fp64 = torch.randn(100, 100, dtype=torch.float64)
+    noise = torch.randn(100, 100, dtype=torch.float64)
+    ref = (fp64 + 1e-3 * noise).float()  # the CPU baseline's own error
+    ok = (fp64 + 1.5e-3 * torch.randn(100, 100, dtype=torch.float64)).float()
+    bad = (fp64 + 5e-3 * torch.randn(100, 100, dtype=torch.float64)).float()
+    tol = Tolerance(1e-4)
+    match, m, _ = compare_tensor("t", ref, ok, fp64, tol)
+    assert match and 1.0 < m["rmse_ratio"] < 2.0
+    match, m, reason = compare_tensor("t", ref, bad, fp64, tol)
+    assert not match and m["rmse_ratio"] > 2.0 and "rmse(fp64,tpu)" in reason
+
+
+def test_multiplier_follows_same():
+    big, small = torch.zeros(2000, dtype=torch.float64), torch.zeros(10, dtype=torch.float64)
+    t = Tolerance(1e-4)
+    assert numerics._multiplier(t, torch.zeros(2000), big) == 2.0
+    assert numerics._multiplier(t, torch.zeros(2000, dtype=torch.bfloat16), big) == 3.0
+    assert numerics._multiplier(t, torch.zeros(10), small) == 3.0  # small tensors: noise dominates
+    assert numerics._multiplier(Tolerance(1e-4, multiplier=7.0), torch.zeros(10), small) == 7.0
+
+
+def test_shape_and_name_mismatch_fail():
+    a = torch.zeros(2, 3)
+    assert not compare_outputs({"a": a}, {"a": torch.zeros(3, 2)}, None, Tolerance(1e-4)).match
+    c = compare_outputs({"a": a}, {"b": a}, None, Tolerance(1e-4))
+    assert not c.match and "output names differ" in c.reason
+
+
+def test_no_reference_falls_back_to_allclose():
+    a = torch.ones(10)
+    assert not compare_outputs({"a": a}, {"a": a + 1}, None, Tolerance(1e-4)).match
+    assert compare_outputs({"a": a}, {"a": a + 1e-6}, None, Tolerance(1e-4)).match
+
+
+def test_nan_in_both_matches_and_metrics_are_nan_safe():
+    a = torch.tensor([1.0, math.nan])
+    c = compare_outputs({"a": a}, {"a": a.clone()}, {"a": a.double()}, Tolerance(1e-4))
+    assert c.match
+
+
+def test_cosine_override():
+    a = torch.randn(1000)
+    res = a * 1.01
+    assert not compare_outputs({"a": a}, {"a": res}, None, Tolerance(1e-4)).match
+    assert compare_outputs({"a": a}, {"a": res}, None, Tolerance(1e-4, cosine=True)).match
+
+
+def test_yaml_overrides(tmp_path):
+    p = tmp_path / "tol.yaml"
+    p.write_text('entries:\n  "transformers/foo/*":\n    tol: 0.5\n    cosine: true\n  "x/skip":\n    skip: flaky\n')
+    ov = load_overrides(p)
+    t = tolerance_for("transformers/foo/FooModel", "highest", "float32", ov)
+    assert t.tol == 0.5 and t.cosine
+    assert tolerance_for("x/skip", "highest", "float32", ov).skip == "flaky"
+    assert tolerance_for("other", "medium", "float32", ov) == Tolerance(numerics.TOLERANCES[("medium", "float32")])
+
+
+@pytest.mark.parametrize("text", ["entries: [1, 2]", "entries:\n  a:\n    tolerance: 1\n", "entries: {a: ["])
+def test_malformed_overrides_name_the_problem(tmp_path, text):
+    p = tmp_path / "tol.yaml"
+    p.write_text(text)
+    with pytest.raises(ValueError, match="tolerances file"):
+        load_overrides(p)
+
+
+def test_shipped_overrides_file_is_valid():
+    load_overrides(None)

@@ -1,0 +1,64 @@
+import json
+
+import pandas as pd
+import pytest
+
+from harness.schema import COLUMN_NAMES, SCHEMA_VERSION
+from harness.sweep.merge import MergeError, merge_frames
+from harness.sweep.results import ResultStore, entry_filename, read_csv, to_frame, validate, write_csv
+
+
+def _row(eid, mode="eager", status="pass", **kw):
+    return {"entry_id": eid, "library": "test", "model_type": "t", "model_class": "M", "task": "x", "mode": mode,
+            "precision": "highest", "dtype": "float32", "status": status, "max_abs_err": 0.5, "compilations": 2,
+            "schema_version": SCHEMA_VERSION, **kw}
+
+
+def test_entry_rows_roundtrip_and_csv_validates(tmp_path):
+    store = ResultStore(tmp_path)
+    store.rows_dir.mkdir()
+    store.write_entry("lib/a/A", [_row("lib/a/A"), _row("lib/a/A", "compiled", "fail_to_run", error_type="X")])
+    store.write_entry("lib/b/B", [_row("lib/b/B", max_abs_err=float("nan"), rmse_ratio=float("inf"))])
+    assert set(store.completed()) == {"lib/a/A", "lib/b/B"}
+    assert not list(store.rows_dir.glob(".*tmp"))  # no temp files left behind
+    df = to_frame(store.all_rows())
+    assert validate(df) == []
+    write_csv(df, tmp_path / "results.csv")
+    back = read_csv(tmp_path / "results.csv")
+    assert list(back.columns) == COLUMN_NAMES and validate(back) == []
+    assert back["timestamp"].str.len().gt(0).all() and back["compilations"].dtype == "Int64"
+    from harness.ci.runs import load_run  # the dashboard's reader accepts it
+
+    assert len(load_run(tmp_path).df) == 3
+
+
+def test_validate_catches_problems():
+    df = to_frame([_row("a"), _row("a")])
+    assert any("duplicate" in p for p in validate(df))
+    df = to_frame([_row("a", status="exploded")])
+    assert any("unknown statuses" in p for p in validate(df))
+    assert validate(df.drop(columns="cosine"))
+
+
+def test_filenames_are_safe_and_distinct():
+    a, b = entry_filename("hub/org/model:v1"), entry_filename("hub/org/model_v1")
+    assert a != b and "/" not in a and a.endswith(".json")
+
+
+def test_merge_frames_and_conflicts():
+    s1 = to_frame([_row("a"), _row("c")])
+    s2 = to_frame([_row("b")])
+    m = merge_frames([s1, s2], ["s1", "s2"])
+    assert list(m["entry_id"]) == ["a", "b", "c"]
+    same = to_frame([_row("a")])
+    assert len(merge_frames([s1, same], ["s1", "s3"])) == 2  # identical duplicate: kept once
+    with pytest.raises(MergeError, match=r"\(a, eager\) has different results"):
+        merge_frames([s1, to_frame([_row("a", status="crash")])], ["s1", "s4"])
+
+
+def test_run_json(tmp_path):
+    store = ResultStore(tmp_path)
+    store.write_run({"x": 1})
+    assert store.read_run() == {"x": 1}
+    assert json.loads((tmp_path / "run.json").read_text()) == {"x": 1}
+    assert isinstance(pd.DataFrame, type)

@@ -1,0 +1,56 @@
+"""One entry's runs, in this process, with the cpu stand-in as the backend (no worker, no device)."""
+
+import pytest
+
+from harness.sweep import testzoo
+from harness.sweep.device import get_device
+from harness.sweep.runner import run_entry
+
+
+def _run(kind, opts, modes=("eager", "compiled")):
+    (entry,) = testzoo.parse_spec(f"test:{kind}")
+    events = []
+    run_entry(entry, modes, opts, get_device("cpu"), lambda k, p: events.append((k, p)))
+    phases = [p for k, p in events if k == "phase"]
+    rows = {p["mode"]: p for k, p in events if k == "row"}
+    return phases, rows
+
+
+@pytest.mark.parametrize("kind", ["pass", "raise", "perturb", "baseline", "missing", "compile"])
+def test_in_process_statuses(kind, cpu_opts):
+    phases, rows = _run(kind, cpu_opts)
+    expected = testzoo.EXPECTED_STATUS[kind]
+    assert rows["compiled"]["status"] == expected
+    assert rows["eager"]["status"] == ("pass" if kind == "compile" else expected)
+    if kind in ("pass", "raise", "perturb", "compile"):
+        assert phases == ["build", "baseline", "reference", "eager", "compiled"]
+    if kind == "pass":
+        r = rows["compiled"]
+        assert r["max_abs_err"] == 0 and r["cosine"] == 1.0 and r["first_run_s"] > 0 and r["compile_s"] >= 0
+        assert r["compilations"] >= 1 and r["graph_breaks"] == 0
+    if kind == "raise":
+        assert rows["eager"]["failing_op"] == "aten::foo.default"
+        assert rows["eager"]["error_type"] == "NotImplementedError"
+    if kind == "compile":
+        assert rows["compiled"]["failing_op"] == "aten::cosh.default"
+    if kind == "perturb":
+        assert rows["eager"]["max_abs_err"] == pytest.approx(1e-2, rel=1e-3) and rows["eager"]["rmse_ratio"] > 2
+    if kind == "baseline":
+        assert phases == ["build", "baseline"] and rows["eager"]["error_type"] == "ValueError"
+    if kind == "missing":
+        assert "not cached" in rows["eager"]["error_message"]
+
+
+def test_skip_override_and_bfloat16(cpu_opts, tmp_path):
+    p = tmp_path / "tol.yaml"
+    p.write_text('entries:\n  "test/pass":\n    skip: known flaky\n')
+    from harness.sweep.numerics import load_overrides
+
+    (entry,) = testzoo.parse_spec("test:pass")
+    events = []
+    run_entry(entry, ("eager",), cpu_opts, get_device("cpu"), lambda k, v: events.append((k, v)),
+              overrides=load_overrides(p))
+    assert [v["status"] for k, v in events if k == "row"] == ["skipped"]
+    cpu_opts.dtype = "bfloat16"
+    _, rows = _run("pass", cpu_opts, modes=("eager",))
+    assert rows["eager"]["status"] == "pass" and rows["eager"]["dtype"] == "bfloat16"
