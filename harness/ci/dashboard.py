@@ -58,7 +58,7 @@ table{border-collapse:collapse;width:100%;font-size:12.5px}
 th,td{border-bottom:1px solid #e6e9ec;padding:4px 6px;text-align:left;vertical-align:top}
 th{background:#f0f2f4;position:sticky;top:0;cursor:pointer;user-select:none;white-space:nowrap}
 td.num,th.num{text-align:right;font-variant-numeric:tabular-nums}
-td.msg{max-width:420px;overflow-wrap:anywhere}
+td.msg{min-width:220px;max-width:420px;overflow-wrap:break-word}
 .st{display:inline-block;padding:0 6px;border-radius:3px;color:#fff;font-size:11.5px;white-space:nowrap}
 .cls{font-weight:600}.cls-FAIL,.cls-MISSING{color:#b71c1c}.cls-IMPROVED,.cls-NEW{color:#1565c0}.cls-FLAKY{color:#8e24aa}
 .filters{display:flex;gap:10px;align-items:center;margin:0 0 8px;flex-wrap:wrap}
@@ -144,7 +144,7 @@ def order_runs(runs: Sequence[Run]) -> list[Run]:
 def coverage_chart_svg(t: pd.DataFrame, col: str, chart_id: str) -> str:
     """Horizontal stacked bars: one per group, segments per status (share of the group's rows), and the
     two figures with denominators on the right. `t` is coverage.coverage_by(df, col)."""
-    label_w, bar_w, right_w, row_h, top = 210, 430, 330, 26, 30
+    label_w, bar_w, right_w, row_h, top = 210, 430, 400, 26, 30
     width = label_w + bar_w + right_w
     height = top + row_h * max(len(t), 1) + 8
     parts = [

@@ -77,6 +77,11 @@ def test_report_default_output_and_errors(tmp_path: Path, capsys: pytest.Capture
     (bad / "results.csv").write_text("nope\n")
     assert main(["report", str(bad), str(run)]) == 2
     assert "lacks the schema column" in capsys.readouterr().err
+    # A run with no rows yet (header only) still renders, with n/a figures rather than 0 % or 100 %.
+    empty = write_run(tmp_path / "empty", [])
+    assert main(["report", str(empty)]) == 0
+    assert "crash-free n/a (0/0)" in capsys.readouterr().out
+    assert '<div class="big">n/a</div>' in (empty / "dashboard.html").read_text()
     # --skip-unreadable leaves out a broken history run, never the last RUN.
     assert main(["report", str(bad), str(run), "--skip-unreadable"]) == 0
     assert main(["report", str(run), str(bad), "--skip-unreadable"]) == 2
