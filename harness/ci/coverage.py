@@ -250,5 +250,9 @@ def fmt_num(x: object, digits: int = 3, fixed: bool = False) -> str:
     return f"{v:.{digits}f}" if fixed else f"{v:.{digits}g}"
 
 
-def _md(s: object) -> str:
+def md_cell(s: object) -> str:
+    """Text safe inside a Markdown table cell."""
     return str(s).replace("|", "\\|").replace("\n", " ")
+
+
+_md = md_cell  # older name, used by harness.sweep.outputs
