@@ -83,7 +83,12 @@ def image_hw(config: Any) -> tuple[int, int, int]:
 def text_inputs(config: Any, params: dict[str, Any], model_class: str, g: torch.Generator) -> dict[str, Any]:
     out: dict[str, Any] = {}
     shape = (BATCH, 2, SEQ) if "MultipleChoice" in model_class else (BATCH, SEQ)
-    out["input_ids"] = random_tokens(config, shape, g)
+    ids = random_tokens(config, shape, g)
+    eos = getattr(text_config(config), "eos_token_id", None)
+    eos = eos[0] if isinstance(eos, list) and eos else eos
+    if _is_int(eos) and 0 <= eos < vocab_size(config):
+        ids[..., -1] = eos  # like a real tokenizer; encoder-decoder classification heads pool at the EOS
+    out["input_ids"] = ids
     if "attention_mask" in params:
         out["attention_mask"] = torch.ones(shape, dtype=torch.long)
     return out
@@ -146,7 +151,8 @@ def build_inputs(model: torch.nn.Module, config: Any, model_class: str, seed: in
     out: dict[str, Any] = {}
     if "input_ids" in params:
         out.update(text_inputs(config, params, model_class, g))
-    if "decoder_input_ids" in params and getattr(config, "is_encoder_decoder", False):
+    derives_decoder = model_class.endswith(("ForSequenceClassification", "ForQuestionAnswering"))
+    if "decoder_input_ids" in params and getattr(config, "is_encoder_decoder", False) and not derives_decoder:
         out.update(decoder_inputs(config, g))
     if "pixel_values" in params:
         out.update(vision_inputs(config, model_class, g))

@@ -42,20 +42,20 @@ def _rx(*alts: str) -> re.Pattern[str]:
 
 R_LAYERS = _rx(r"num_hidden_layers", r"num_layers", r"n_layers?", r"encoder_layers", r"decoder_layers",
                r"num_encoder_layers", r"num_decoder_layers", r"num_.*_layers", r".*_num_layers",
-               r".*_num_hidden_layers", r"depth", r"num_blocks", r"n_blocks", r"text_layers", r"vision_layers",
+               r".*_num_hidden_layers", r"depth", r"num_blocks", r"n_blocks", r"text_layers", r"vision_layers", r"num_hidden_layers_.*",
                r"num_hidden_blocks", r".*_layers_count", r"num_layers_.*")
 R_KV_HEADS = _rx(r"num_key_value_heads", r"n_kv_heads?", r"num_kv_heads", r".*_key_value_heads", r"multi_query_group_num")
 R_HEADS = _rx(r"num_attention_heads", r"n_heads?", r"num_heads", r"encoder_attention_heads", r"decoder_attention_heads",
               r"attention_heads", r".*_attention_heads", r".*_num_heads", r"num_heads_.*", r"num_attention_heads_.*")
 R_HEAD_DIM = _rx(r"head_dim", r"attention_head_dim", r"kv_channels", r"d_kv", r"qk_head_dim", r"v_head_dim",
-                 r"qk_nope_head_dim", r"qk_rope_head_dim", r"attention_head_size", r".*_head_dim")
+                 r"qk_nope_head_dim", r"qk_rope_head_dim", r"attention_head_size", r".*_head_dim", r"rotary_dim")
 R_HIDDEN = _rx(r"hidden_size", r"d_model", r"n_embd", r"embed_dim", r"dim", r"hidden_dim", r"model_dim", r"d_embed",
                r"embedding_size", r"emb_dim", r"word_embed_proj_dim", r"projection_dim", r"text_embed_dim",
                r"vision_embed_dim", r"encoder_hidden_size", r"decoder_hidden_size", r"output_hidden_size",
                r".*_hidden_size", r".*_embed_dim", r".*_d_model", r"embedding_dim", r"n_embed",
                r"projection_hidden_size", r"q_lora_rank", r"kv_lora_rank", r"hidden_channels",
                r"mm_hidden_size", r"adapter_hidden_size", r"d_latents", r".*_hidden_dim", r".*_embedding_dim",
-               r"codebook_dim", r".*_projection_dim", r"proj_dim", r"d_state_hidden", r"latent_dim")
+               r"codebook_dim", r".*_projection_dim", r"hidden_size_.*", r"proj_dim", r"d_state_hidden", r"latent_dim")
 R_INTERMEDIATE = _rx(r"intermediate_size", r"ffn_dim", r".*_ffn_dim", r"n_inner", r"d_ff", r"ffn_hidden_size",
                      r"mlp_dim", r"moe_intermediate_size", r"shared_expert_intermediate_size", r"d_inner",
                      r"feed_forward_size", r".*_intermediate_size", r"intermediate_dim", r"mlp_hidden_size",
@@ -65,7 +65,7 @@ R_EXPERTS = _rx(r"num_experts", r"num_local_experts", r"n_routed_experts", r"moe
                 r"n_experts", r"num_routed_experts")
 R_TOP_K = _rx(r"num_experts_per_tok", r"moe_topk", r"top_k", r"num_selected_experts", r"moe_k", r"n_group",
               r"topk_group", r"num_experts_per_token")
-R_VOCAB = _rx(r"vocab_size", r".*_vocab_size", r"codebook_size", r"num_codes", r"n_codes", r"num_embeddings")
+R_VOCAB = _rx(r"vocab_size", r".*_vocab_size", r"vocab_size_.*", r"codebook_size", r"num_codes", r"n_codes", r"num_embeddings")
 R_TOKEN_ID = re.compile(r".*(_token_id|_token_index|_token_ids|_token)$")
 R_POSITIONS = _rx(r"max_position_embeddings", r"max_target_positions", r"n_positions", r"n_ctx", r"max_seq_len",
                   r"max_sequence_length", r"seq_length", r"max_length", r"original_max_position_embeddings")
@@ -171,13 +171,6 @@ def shrink_dict(d: dict[str, Any], size: Size = Size(), model_type: str | None =
     """Shrink one level of a `config.to_dict()`, recursing into sub-configs. Returns a new dict."""
     d = {k: v for k, v in d.items() if k not in _DROP}
     model_type = d.get("model_type", model_type)
-    defaults = _defaults(model_type)
-    # Values the class derives from others when left None (head_dim, num_key_value_heads, layer_types...)
-    # are dropped so the constructor derives them again from the shrunk values.
-    for k in [k for k, v in d.items() if defaults.get(k, 0) is None and v is not None and not isinstance(v, dict)]:
-        if k not in ("layer_types", "mlp_layer_types") and not R_TOKEN_ID.match(k) and k != "pad_token_id":
-            del d[k]
-
     old_layers = next((d[k] for k in ("num_hidden_layers", "num_layers", "n_layer", "n_layers") if _is_int(d.get(k))), None)
     old = dict(d)
     # Stage counts that are len(depths) etc. are geometry, not depth: keep them.
@@ -188,6 +181,9 @@ def shrink_dict(d: dict[str, Any], size: Size = Size(), model_type: str | None =
     if old_layers is not None and any(d.get(k) == old_layers for k in keep if k in d):
         old_layers = None
 
+    if isinstance(d.get("depths"), (list, tuple)) and len(d["depths"]) >= 3:
+        # hierarchical (Swin-like) widths double per stage: start narrow so the last stage stays small
+        size = dataclasses.replace(size, hidden=min(size.hidden, 2 * size.stage_width))
     for k, v in list(d.items()):
         if _is_subconfig(k, v):
             d[k] = shrink_dict(v, size)
@@ -201,8 +197,13 @@ def shrink_dict(d: dict[str, Any], size: Size = Size(), model_type: str | None =
                 d[k] = new
 
     _fix_layer_lists(d, old, old_layers, size)
+    _fix_out_indices(d, old, old_layers)
     _fix_heads(d, old)
     _fix_token_ids(d)
+    if "pad_token_id" in d and d["pad_token_id"] is None and _is_int(d.get("vocab_size")):
+        d["pad_token_id"] = 0  # sequence classification over a batch needs a pad token
+    if _is_int(d.get("window_size")) and _is_int(d.get("patch_size")) and "image_size" in d and d["window_size"] > 2:
+        d["window_size"] = 2  # windows must fit the 64 px grid at every stage (16, 8, 4, 2 patches)
     for k in ("use_pretrained_backbone", "use_timm_backbone"):  # never download or need timm
         if d.get(k):
             d[k] = False
@@ -215,6 +216,12 @@ def _fix_layer_lists(d: dict[str, Any], old: dict[str, Any], old_layers: int | N
         return
     layer_key = next(k for k in ("num_hidden_layers", "num_layers", "n_layer", "n_layers") if d.get(k) is not None)
     n = d[layer_key]
+    for k, v in list(d.items()):
+        # {"05": {...}, "11": {...}}: per-layer overrides keyed by layer index; keep one, on the last layer
+        if isinstance(v, dict) and v and all(str(x).isdigit() for x in v) and max(int(x) for x in v) >= n:
+            first = sorted(v, key=int)[0]
+            sub = {kk: (_shrink_int(kk, vv, v[first], size) if _is_int(vv) else vv) for kk, vv in v[first].items()}
+            d[k] = {str(n - 1).zfill(len(first)): sub}
     per_layer = [k for k, v in d.items() if isinstance(v, (list, tuple)) and len(v) == old_layers
                  and k not in _KEEP_LENGTH and not R_STAGE_WIDTHS.match(k) and not R_STAGE_HEADS.match(k)]
     for k in per_layer:
@@ -224,6 +231,36 @@ def _fix_layer_lists(d: dict[str, Any], old: dict[str, Any], old_layers: int | N
         cut = _cut_layer_list(list(d[k]), n)
         d[k] = cut if len(cut) == n else (cut + list(d[k])[len(cut):])[:n]
     d[layer_key] = n
+
+
+def _fix_out_indices(d: dict[str, Any], old: dict[str, Any], old_layers: int | None) -> None:
+    """Backbone outputs of a plain (stem + N layers) encoder: keep as many feature maps as before, taken from
+    the last layers, adding layers if the shrunk depth is smaller than the number of outputs."""
+    bidx = d.get("backbone_out_indices")
+    layer_key = next((k for k in ("num_hidden_layers", "num_layers", "n_layer", "n_layers") if _is_int(d.get(k))), None)
+    if isinstance(bidx, (list, tuple)) and bidx and layer_key and max(bidx) >= d[layer_key]:
+        # zero-based layer indices (DPT-style): keep their number, from the last layers
+        n = max(d[layer_key], len(bidx))
+        d[layer_key] = n
+        d["backbone_out_indices"] = list(range(n - len(bidx), n))
+    idx = d.get("out_indices")
+    feats = d.get("out_features")
+    if not old_layers or not (isinstance(idx, (list, tuple)) or isinstance(feats, (list, tuple))):
+        return
+    stage_names = old.get("stage_names")
+    if not (isinstance(stage_names, list) and len(stage_names) == old_layers + 1):
+        return  # hierarchical backbone: stages come from `depths`, untouched by the layer count
+    if not isinstance(idx, (list, tuple)):
+        idx = [stage_names.index(f) for f in feats]
+    if max(idx) <= 0:
+        return
+    layer_key = next(k for k in ("num_hidden_layers", "num_layers", "n_layer", "n_layers") if _is_int(d.get(k)))
+    k = len(idx)
+    n = max(d[layer_key], k)
+    d[layer_key] = n
+    d["out_indices"] = list(range(n - k + 1, n + 1))
+    d["stage_names"] = ["stem"] + [f"stage{i}" for i in range(1, n + 1)]
+    d["out_features"] = [f"stage{i}" for i in d["out_indices"]]
 
 
 def _fix_heads(d: dict[str, Any], old: dict[str, Any]) -> None:
@@ -239,16 +276,22 @@ def _fix_heads(d: dict[str, Any], old: dict[str, Any]) -> None:
             if _is_int(d.get(k)):
                 d[k] = heads
         old_hidden = next((old[k] for k in ("hidden_size", "d_model", "n_embd", "embed_dim", "dim") if _is_int(old.get(k))), 0)
+        if "head_dim" in d and d["head_dim"] is None:
+            d["head_dim"] = hidden // heads  # some classes leave it None and never derive it
         # A head_dim that was hidden/heads must stay so (many attention impls assume it).
         if _is_int(d.get("head_dim")) and _is_int(old.get("head_dim")) and old[heads_key] and \
                 old["head_dim"] * old[heads_key] == old_hidden:
             d["head_dim"] = hidden // heads
         for kv_key in ("num_key_value_heads", "n_kv_heads", "num_kv_heads"):
             if _is_int(d.get(kv_key)):
-                kv = min(d[kv_key], heads)
+                # multi-head (not grouped) attention stays so: MLA and others assume kv heads == heads
+                kv = heads if old.get(kv_key) == old[heads_key] else min(d[kv_key], heads)
                 while kv > 1 and heads % kv:
                     kv -= 1
                 d[kv_key] = kv
+    if all(_is_int(d.get(k)) for k in ("qk_head_dim", "qk_nope_head_dim", "qk_rope_head_dim")) and \
+            old["qk_head_dim"] == old["qk_nope_head_dim"] + old["qk_rope_head_dim"]:
+        d["qk_head_dim"] = d["qk_nope_head_dim"] + d["qk_rope_head_dim"]
     # top-k experts never above the number of experts
     experts = next((d[k] for k in d if R_EXPERTS.match(k) and _is_int(d[k])), None)
     if experts:

@@ -40,6 +40,9 @@ def tiny_config(model_type: str, size: Size = Size()) -> Any:
         d.pop("model_type", None)
         d = _deep_merge(d, rule.config)
         config = cls(**d)
+        if getattr(config, "is_encoder_decoder", False) and getattr(config, "decoder_start_token_id", None) is None:
+            # heads that build decoder inputs by shifting (classification, QA) need a start token
+            config.decoder_start_token_id = getattr(config, "pad_token_id", None) or 0
         for k, v in rule.after.items():  # values the constructor would overwrite
             setattr(config, k, v)
         return config
