@@ -129,8 +129,62 @@ class _Guard(torch._C._acc.DeviceGuard):
         return torch._C._autograd.DeviceType.PrivateUse1
 
 
+_direct_done = False
+
+
 def _fallback(op: Any, *args: Any, **kwargs: Any) -> Any:
     # Imported on first use so that `import torch` stays cheap.
+    from hf_tpu import dispatch
+
+    global _direct_done
+    if not _direct_done:
+        _direct_done = True
+        _register_direct_kernels()
+    return dispatch.dispatch(op, args, kwargs)
+
+
+# Ops whose composite kernels must keep running for tpu: they move data between devices.
+_KEEP_COMPOSITE = {"_to_copy", "copy_", "to", "lift_fresh", "lift_fresh_copy", "detach", "alias", "clone",
+                   "contiguous", "_local_scalar_dense"}
+
+
+def _register_direct_kernels() -> None:
+    """Give every op torchax lowers a PrivateUse1 kernel of its own (and its in-place and out= forms).
+
+    Without one, composite kernels (CompositeExplicitAutograd, structured ops) run first and reach us as
+    `empty` + `op.out`: two Python round trips per op instead of one. Done at first use, not at import,
+    because it reads torchax's table (which imports JAX)."""
+    from hf_tpu.torchax_compat import load_op_table
+
+    lowerings, _ = load_op_table()
+    packets = {getattr(k, "overloadpacket", k) for k in lowerings if isinstance(k, (torch._ops.OpOverload,
+               torch._ops.OpOverloadPacket))}
+    names = {p.__name__ for p in packets}
+    names |= {n + "_" for n in names}
+    seen: set[str] = set()
+    for name in sorted(names):
+        if name in _KEEP_COMPOSITE or name.rstrip("_") in _KEEP_COMPOSITE:
+            continue
+        packet = getattr(torch.ops.aten, name, None)
+        if packet is None:
+            continue
+        for ov in packet.overloads():
+            op = getattr(packet, ov)
+            qual = f"aten::{name}" + (f".{ov}" if ov != "default" else "")
+            if qual in seen or qual.split("::")[1] in PER_OP_KERNELS:
+                continue
+            seen.add(qual)
+            try:
+                if torch._C._dispatch_has_kernel_for_dispatch_key(qual, "CompositeImplicitAutograd"):
+                    continue  # decomposes above autograd: a backend kernel would never run
+                if torch._C._dispatch_has_kernel_for_dispatch_key(qual, "PrivateUse1"):
+                    continue
+                _aten_lib.impl(op, functools.partial(_direct, op), "PrivateUse1")
+            except RuntimeError:
+                continue  # a Python-only overload (e.g. aten::__and__.bool): nothing to dispatch
+
+
+def _direct(op: Any, *args: Any, **kwargs: Any) -> Any:
     from hf_tpu import dispatch
 
     return dispatch.dispatch(op, args, kwargs)

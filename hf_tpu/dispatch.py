@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
-from hf_tpu import dtypes, lowering
+from hf_tpu import dtypes, lowering, op_jit, precision
 from hf_tpu import tensor as T
 
 aten = torch.ops.aten
@@ -136,14 +136,33 @@ def _functional_of(op: Any) -> Any:
 _meta_cache: dict[Any, Any] = {}
 
 
+def _leaves(args: tuple, kwargs: dict) -> list[Any]:
+    # ATen arguments nest at most one level (Tensor[]): cheaper than a general pytree walk per op
+    out: list[Any] = []
+    for x in (*args, *kwargs.values()):
+        if isinstance(x, list | tuple):
+            out.extend(x)
+        else:
+            out.append(x)
+    return out
+
+
+def _map(f: Callable[[Any], Any], args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    def one(x: Any) -> Any:
+        if isinstance(x, list | tuple):
+            return type(x)(f(v) for v in x)
+        return f(x)
+
+    return tuple(one(a) for a in args), {k: one(v) for k, v in kwargs.items()}
+
+
 def _meta_dtypes(op: Any, args: tuple, kwargs: dict) -> list[torch.dtype] | None:
     """The output dtypes PyTorch gives this op for these input dtypes (meta kernels, cached).
 
     torchax's lowerings sometimes return a different dtype than PyTorch (JAX promotion, x64 defaults);
     the result is cast to PyTorch's dtype so `.dtype` and the numbers agree with CPU."""
-    leaves = pytree.tree_leaves((args, kwargs))
     key = (op, tuple((x.dtype, x.dim() == 0, x.device.type) if isinstance(x, torch.Tensor) else
-                     (x if isinstance(x, (torch.dtype, bool)) else type(x)) for x in leaves))
+                     (x if isinstance(x, (torch.dtype, bool)) else type(x)) for x in _leaves(args, kwargs)))
     try:
         return _meta_cache[key]
     except KeyError:
@@ -159,7 +178,7 @@ def _meta_dtypes(op: Any, args: tuple, kwargs: dict) -> list[torch.dtype] | None
         return x
 
     try:
-        margs, mkwargs = pytree.tree_map(to_meta, (args, kwargs))
+        margs, mkwargs = _map(to_meta, args, kwargs)
         out = op(*margs, **mkwargs)
         result = [o.dtype if isinstance(o, torch.Tensor) else None for o in pytree.tree_leaves(out)]
     except Exception:
@@ -168,21 +187,32 @@ def _meta_dtypes(op: Any, args: tuple, kwargs: dict) -> list[torch.dtype] | None
     return result
 
 
-def _wrap_outputs(op: Any, res: Any, args: tuple, kwargs: dict, want_dtype: torch.dtype | None = None) -> Any:
+def _is_array(x: Any) -> bool:
+    return hasattr(x, "shape") and hasattr(x, "dtype") and not isinstance(x, torch.Tensor)
+
+
+def _wrap_one(x: Any, dt: torch.dtype | None) -> torch.Tensor:
+    if dt is not None:
+        want = dtypes.to_jax(dt)
+        if want != x.dtype:
+            x = x.astype(want)
+    if launch_blocking():
+        x.block_until_ready()
+    return T.wrap(x, dt)
+
+
+def _wrap_outputs(op: Any, res: Any, args: tuple, kwargs: dict) -> Any:
+    if _is_array(res):  # the common case: one array
+        expected = _meta_dtypes(op, args, kwargs)
+        return _wrap_one(res, expected[0] if expected else None)
     leaves, spec = pytree.tree_flatten(res)
-    if not any(hasattr(x, "shape") and hasattr(x, "dtype") for x in leaves):
+    if not any(_is_array(x) for x in leaves):
         return res  # a Python scalar or bool (.item(), is_nonzero, ...)
-    expected = _meta_dtypes(op, args, kwargs) if want_dtype is None else None
-    out = []
-    for i, x in enumerate(leaves):
-        if hasattr(x, "shape") and hasattr(x, "dtype") and not isinstance(x, torch.Tensor):
-            dt = want_dtype or (expected[i] if expected and i < len(expected) and expected[i] else None)
-            if dt is not None and dtypes.to_jax(dt) != x.dtype:
-                x = x.astype(dtypes.to_jax(dt))
-            if launch_blocking():
-                x.block_until_ready()
-            x = T.wrap(x, dt)
-        out.append(x)
+    expected = _meta_dtypes(op, args, kwargs)
+    out = [
+        _wrap_one(x, expected[i] if expected and i < len(expected) else None) if _is_array(x) else x
+        for i, x in enumerate(leaves)
+    ]
     return pytree.tree_unflatten(out, spec)
 
 
@@ -195,7 +225,7 @@ def _cpu_fallback(op: Any, args: tuple, kwargs: dict) -> Any:
             return torch.device("cpu")
         return x
 
-    cargs, ckwargs = pytree.tree_map(to_cpu, (args, kwargs))
+    cargs, ckwargs = _map(to_cpu, args, kwargs)
     res = op(*cargs, **ckwargs)
     with _lock:
         _fallback_counts[lowering.op_name(op)] += 1
@@ -211,9 +241,9 @@ def run_functional(op: Any, args: tuple, kwargs: dict) -> Any:
         if cpu_fallback_enabled():
             return _cpu_fallback(op, args, kwargs)
         raise lowering.NoLowering(op)
-    jargs, jkwargs = pytree.tree_map(functools.partial(_unwrap, op), (args, kwargs))
+    jargs, jkwargs = _map(functools.partial(_unwrap, op), args, kwargs)
     try:
-        res = fn(*jargs, **jkwargs)
+        res = op_jit.call(op, fn, jargs, jkwargs, precision.current(), not lowering.is_random(op))
     except (NotImplementedError, lowering.NoLowering):
         raise
     except Exception as exc:

@@ -91,6 +91,14 @@ def find(op: Any) -> Callable[..., Any] | None:
 
 
 @functools.cache
+def is_random(op: Any) -> bool:
+    """Draws random numbers (its JAX key must advance on every call, so it is never cached as a program)."""
+    lowerings, _ = load_op_table()
+    entry = lowerings.get(op) or lowerings.get(getattr(op, "overloadpacket", None))
+    return bool(entry is not None and entry.needs_env)
+
+
+@functools.cache
 def decomposition(op: Any) -> Callable[..., Any] | None:
     """A pure-torch decomposition of `op` (torchax's, then PyTorch's), run on tpu tensors."""
     _, decomps = load_op_table()

@@ -1,0 +1,102 @@
+"""Eager ops as one XLA call each.
+
+A torchax lowering is often several jnp calls (add with alpha is a multiply and an add, plus dtype
+conversions); run eagerly each is a separate dispatch. Wrapping the whole lowering in `jax.jit`, with
+tensors as arguments and everything else (dims, shapes, Python scalars, dtypes) static, makes it one
+cached program per (op, static arguments, shapes): one dispatch, and the pieces fuse.
+
+Ops that cannot be traced (data-dependent shapes such as nonzero, values read with `.item()`) and random
+ops (their key must advance on every call) run eagerly instead.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+_untraceable: set[Any] = set()
+_programs: dict[Any, Callable[..., Any]] = {}
+
+
+def _freeze(x: Any) -> Any:
+    if isinstance(x, list | tuple):
+        return tuple(_freeze(v) for v in x)
+    return x
+
+
+def _is_array(x: Any) -> bool:
+    return hasattr(x, "shape") and hasattr(x, "dtype") and hasattr(x, "block_until_ready")
+
+
+def call(op: Any, fn: Callable[..., Any], args: tuple, kwargs: dict, precision: str, eligible: bool) -> Any:
+    """fn(*args, **kwargs), through a cached jit program when possible."""
+    if not eligible or op in _untraceable:
+        return fn(*args, **kwargs)
+    # Split the call into array leaves (traced) and a hashable static skeleton.
+    arrays: list[Any] = []
+
+    def skeleton(x: Any) -> Any:
+        if _is_array(x):
+            arrays.append(x)
+            return _Slot
+        if isinstance(x, list | tuple):
+            return (type(x), tuple(skeleton(v) for v in x))
+        return x
+
+    sk_args = tuple(skeleton(a) for a in args)
+    sk_kwargs = tuple(sorted((k, skeleton(v)) for k, v in kwargs.items()))
+    key = (op, sk_args, sk_kwargs, precision)
+    try:
+        prog = _programs.get(key)
+    except TypeError:  # an unhashable static argument
+        return fn(*args, **kwargs)
+    if prog is None:
+        prog = _programs[key] = _build(fn, sk_args, sk_kwargs)
+    try:
+        return prog(arrays)
+    except _tracer_errors():
+        _untraceable.add(op)
+        return fn(*args, **kwargs)
+
+
+class _Slot:
+    """Marks where an array argument goes back in."""
+
+
+def _build(fn: Callable[..., Any], sk_args: tuple, sk_kwargs: tuple) -> Callable[..., Any]:
+    from hf_tpu import runtime
+
+    def fill(x: Any, it: Any) -> Any:
+        if x is _Slot:
+            return next(it)
+        if isinstance(x, tuple) and len(x) == 2 and x[0] in (list, tuple):
+            return x[0](fill(v, it) for v in x[1])
+        return x
+
+    def program(arrays: list[Any]) -> Any:
+        it = iter(arrays)
+        a = [fill(x, it) for x in sk_args]
+        k = {name: fill(v, it) for name, v in sk_kwargs}
+        return fn(*a, **k)
+
+    return runtime.jax().jit(program)
+
+
+@functools.cache
+def _tracer_errors() -> tuple[type[BaseException], ...]:
+    from hf_tpu import runtime
+
+    errors = runtime.jax().errors
+    return tuple(
+        getattr(errors, n)
+        for n in (
+            "ConcretizationTypeError",
+            "TracerArrayConversionError",
+            "TracerBoolConversionError",
+            "TracerIntegerConversionError",
+            "NonConcreteBooleanIndexError",
+            "UnexpectedTracerError",
+        )
+        if hasattr(errors, n)
+    )
