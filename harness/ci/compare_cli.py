@@ -71,14 +71,17 @@ def run(args: argparse.Namespace) -> int:
             print(f"comparison: {csv_path} {md_path}")
         rc = comp.exit_code(args.accept_improvements, args.allow_missing)
         c = comp.counts()
+        accept = f"hf-tpu accept {args.run}" + (
+            "" if Path(args.expected) == exp_mod.DEFAULT_DIR else f" --expected {args.expected}"
+        )
         if c["FAIL"]:
-            print(f"{c['FAIL']} regression(s): fix them, or if intended, `hf-tpu accept {args.run}`")
+            print(f"{c['FAIL']} regression(s): fix them, or if intended, `{accept}`")
         if c["MISSING"] and not args.allow_missing:
             print(f"{c['MISSING']} expected row(s) missing or not measured in the run")
         if (c["IMPROVED"] or c["NEW"]) and not args.accept_improvements:
             print(
                 f"{c['IMPROVED']} improved, {c['NEW']} new: update the expected results with "
-                f"`hf-tpu accept {args.run} --expected {args.expected}` (or pass --accept-improvements)"
+                f"`{accept}` (or pass --accept-improvements)"
             )
         print("compare: " + ("OK" if rc == 0 else "FAILED"))
         return rc
