@@ -7,6 +7,7 @@ Hand-written lowerings (torchax 0.0.13 has none for these):
   _fused_sdp_choice  -> 0 (the math kernel), so SDPA decomposes into matmuls that honour tpu precision
   as_strided         -> gather; functional form for compiled graphs (eager keeps aliasing in tensor.py)
   alias, lift_fresh, _to_copy (dtype only), _unsafe_view, expand_copy identity-like helpers
+  zero               -> zeros_like (PyTorch's decomposition of zero_ calls zeros_like, which calls zero_)
 """
 
 from __future__ import annotations
@@ -34,6 +35,12 @@ def _as_strided(x: Any, size: list[int], stride: list[int], storage_offset: int 
     return x.reshape(-1)[idx]
 
 
+def _zero(x: Any) -> Any:
+    from hf_tpu import runtime
+
+    return runtime.jax().numpy.zeros_like(x)
+
+
 def _to_copy(x: Any, *, dtype: torch.dtype | None = None, **_: Any) -> Any:
     return x if dtype is None else x.astype(dtypes.to_jax(dtype))
 
@@ -44,6 +51,7 @@ HAND_LOWERINGS: dict[Any, Callable[..., Any]] = {
     aten.alias.default: lambda x: x,
     aten.lift_fresh.default: lambda x: x,
     aten._to_copy.default: _to_copy,
+    aten.zero.default: _zero,
 }
 
 
