@@ -6,6 +6,7 @@ tokens, time series); `build_inputs` calls those whose inputs the forward signat
 from __future__ import annotations
 
 import inspect
+import re
 from typing import Any
 
 import torch
@@ -115,8 +116,7 @@ def audio_features(config: Any, g: torch.Generator) -> dict[str, Any]:
     mel = find(config, "num_mel_bins")
     positions = find(config, "max_source_positions")
     per_channel = find(config, "input_feat_per_channel")
-    if mel and positions and getattr(config, "model_type", "") in ("whisper",) or (mel and positions and
-                                                                                 "whisper" in str(type(config))):
+    if mel and positions:
         # Whisper-style encoders need exactly 2 * max_source_positions frames (conv stride 2).
         return {"input_features": torch.randn(BATCH, mel, 2 * positions, generator=g)}
     if per_channel:
@@ -154,7 +154,9 @@ def build_inputs(model: torch.nn.Module, config: Any, model_class: str, seed: in
     derives_decoder = model_class.endswith(("ForSequenceClassification", "ForQuestionAnswering"))
     if "decoder_input_ids" in params and getattr(config, "is_encoder_decoder", False) and not derives_decoder:
         out.update(decoder_inputs(config, g))
-    if "pixel_values" in params:
+    if "pixel_values" in params and "image_grid_thw" in params:
+        out.update(grid_vision_inputs(config, g))
+    elif "pixel_values" in params:
         out.update(vision_inputs(config, model_class, g))
     if "pixel_values_videos" in params and "pixel_values" not in params:
         c, h, w = image_hw(config)
@@ -165,4 +167,86 @@ def build_inputs(model: torch.nn.Module, config: Any, model_class: str, seed: in
         out.update(audio_features(config, g))
     if "past_values" in params:
         out.update(time_series_inputs(config, params, g))
+    for mask in ("feature_attention_mask", "input_features_mask"):
+        if mask in params and "input_features" in out:
+            feats = out["input_features"]
+            out[mask] = torch.ones(feats.shape[0], feats.shape[-1] if feats.shape[1] == find(config, "num_mel_bins")
+                                   else feats.shape[1], dtype=torch.long)
+    return out
+
+
+def grid_vision_inputs(config: Any, g: torch.Generator, grid: int = 4) -> dict[str, Any]:
+    """Qwen-VL-style inputs: flattened patches plus `image_grid_thw` (one 1 x grid x grid image per row)."""
+    vc = getattr(config, "vision_config", None) or config
+    patch = find(vc, "patch_size") or 14
+    temporal = find(vc, "temporal_patch_size") or 1
+    channels = find(vc, "in_channels") or find(vc, "num_channels") or 3
+    merge = find(vc, "spatial_merge_size") or 1
+    grid = max(grid, 2 * merge)
+    dim = int(channels) * int(temporal) * int(patch) * int(patch)
+    return {"pixel_values": torch.randn(BATCH * grid * grid, dim, generator=g),
+            "image_grid_thw": torch.tensor([[1, grid, grid]] * BATCH)}
+
+
+_PLACEHOLDER = re.compile(r"(Image|Video|Audio) features and \w+ tokens do not match, tokens: (\d+), features: (\d+)")
+
+
+def placeholder_id(config: Any, kind: str) -> int | None:
+    for key in (f"{kind}_token_id", f"{kind}_token_index"):
+        for c in (config, text_config(config)):
+            v = getattr(c, key, None)
+            if _is_int(v):
+                return v
+    return None
+
+
+def fit_placeholders(model: torch.nn.Module, config: Any, inputs: dict[str, Any], tries: int = 4) -> dict[str, Any]:
+    """Multimodal models need one placeholder token per image/audio feature, a count only the model knows
+    (it depends on the vision tower's pooling and merging). Run the model once; when it reports the count
+    ("Image features and image tokens do not match, tokens: 0, features: N"), put N placeholder tokens at
+    the start of the rows and try again. Any other outcome leaves the inputs as they are."""
+    if "input_ids" not in inputs:
+        return inputs
+    for _ in range(tries):
+        try:
+            with torch.no_grad():
+                model(**inputs)
+            return inputs
+        except Exception as exc:  # the forward is only a probe here
+            m = _PLACEHOLDER.search(str(exc))
+            if m and m.group(2) == "0":
+                token = placeholder_id(config, m.group(1).lower())
+                count = int(m.group(3))
+                if token is None or count % BATCH:
+                    return inputs
+                inputs = _prefix_tokens(inputs, token, count // BATCH)
+                if "mm_token_type_ids" in forward_params(model):
+                    inputs["mm_token_type_ids"] = _token_types(config, inputs["input_ids"])
+                continue
+            if "mm_token_type_ids" in str(exc) and "mm_token_type_ids" not in inputs:
+                inputs = {**inputs, "mm_token_type_ids": _token_types(config, inputs["input_ids"])}
+                continue
+            if "expected 5, got 4" in str(exc) and getattr(inputs.get("pixel_values"), "dim", lambda: 0)() == 4:
+                inputs = {**inputs, "pixel_values": inputs["pixel_values"].unsqueeze(1)}  # (batch, images, c, h, w)
+                continue
+            return inputs
+    return inputs
+
+
+def _token_types(config: Any, ids: torch.Tensor) -> torch.Tensor:
+    """0 for text, 1 for image and 2 for video placeholders (the processors' convention for M-RoPE)."""
+    types = torch.zeros_like(ids)
+    for value, kind in ((1, "image"), (2, "video")):
+        token = placeholder_id(config, kind)
+        if token is not None:
+            types[ids == token] = value
+    return types
+
+
+def _prefix_tokens(inputs: dict[str, Any], token: int, n: int) -> dict[str, Any]:
+    ids = inputs["input_ids"]
+    out = {**inputs, "input_ids": torch.cat([torch.full((ids.shape[0], n), token, dtype=ids.dtype), ids], dim=1)}
+    if "attention_mask" in inputs:
+        mask = inputs["attention_mask"]
+        out["attention_mask"] = torch.cat([torch.ones(mask.shape[0], n, dtype=mask.dtype), mask], dim=1)
     return out

@@ -112,8 +112,9 @@ def _shrink_int(key: str, v: int, d: dict[str, Any], size: Size) -> int:
     if R_POSITIONS.match(key):
         return min(v, size.positions)
     if R_IMAGE.match(key):
-        patch = d.get("patch_size") if _is_int(d.get("patch_size")) else 16
-        return min(v, max(size.image, 4 * patch) if patch < 32 else 2 * patch)
+        patch = d.get("patch_size") if _is_int(d.get("patch_size")) and d["patch_size"] > 0 else 16
+        # a whole number of patches (at least 2 per side), close to size.image
+        return min(v, patch * max(2, size.image // patch))
     if key in ("num_queries", "num_query_tokens", "num_latents", "num_register_tokens") and v > 16:
         return 16
     if key == "max_source_positions":
@@ -331,3 +332,23 @@ def _fix_token_ids(d: dict[str, Any]) -> None:
 
 def round_to(v: int, m: int) -> int:
     return max(m, int(math.ceil(v / m)) * m)
+
+
+_LAYER_KEYS = ("num_hidden_layers", "num_layers", "n_layer", "n_layers", "encoder_layers", "decoder_layers",
+               "num_encoder_layers", "num_decoder_layers")
+
+
+def cap_layers(d: dict[str, Any], layers: int) -> dict[str, Any]:
+    """Cap only the depth of a real config (hub entries keep their widths), recursing into sub-configs;
+    per-layer lists follow, keeping one layer of each kind."""
+    d = {k: v for k, v in d.items() if k not in _DROP}
+    old_layers = next((d[k] for k in ("num_hidden_layers", "num_layers", "n_layer", "n_layers") if _is_int(d.get(k))), None)
+    old = dict(d)
+    for k, v in list(d.items()):
+        if _is_subconfig(k, v):
+            d[k] = cap_layers(v, layers)
+        elif k in _LAYER_KEYS and _is_int(v):
+            d[k] = min(v, layers)
+    _fix_layer_lists(d, old, old_layers, Size(layers=layers))
+    _fix_out_indices(d, old, old_layers)
+    return d

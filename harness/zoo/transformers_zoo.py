@@ -8,7 +8,7 @@ import torch
 
 from harness.zoo import budget, overrides
 from harness.zoo.entry import BuiltEntry, ZooBuildError, ZooEntry
-from harness.zoo.inputs import build_inputs
+from harness.zoo.inputs import build_inputs, fit_placeholders, placeholder_id
 from harness.zoo.shrink import Size, shrink_dict
 
 
@@ -82,6 +82,8 @@ def finish(entry: ZooEntry, model: torch.nn.Module, config: Any, seed: int, n: i
     rule = overrides.rule_for(entry.model_type)
     try:
         inputs = build_inputs(model, config, entry.model_class, seed)
+        if any(placeholder_id(config, kind) is not None for kind in ("image", "video", "audio")):
+            inputs = fit_placeholders(model, config, inputs)
         if rule.inputs is not None:
             inputs = rule.inputs(model, config, inputs, seed)
     except ZooBuildError:

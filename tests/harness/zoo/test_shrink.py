@@ -1,0 +1,67 @@
+"""Generic shrinking keeps each architecture's invariants."""
+
+import pytest
+
+from harness.zoo import ZooBuildError
+from harness.zoo.budget import check_budget
+from harness.zoo.shrink import Size, cap_layers, shrink_dict
+from harness.zoo.transformers_zoo import tiny_config
+
+
+def test_llama_is_tiny_and_consistent():
+    c = tiny_config("llama")
+    assert (c.hidden_size, c.num_hidden_layers, c.vocab_size) == (64, 2, 1024)
+    assert c.hidden_size % c.num_attention_heads == 0
+    assert c.num_attention_heads % c.num_key_value_heads == 0
+    assert c.head_dim * c.num_attention_heads == c.hidden_size
+    assert c.bos_token_id < c.vocab_size and c.eos_token_id < c.vocab_size
+
+
+def test_hybrid_layer_types_keep_one_layer_of_each_kind():
+    d = {"num_hidden_layers": 6, "layer_types": ["sliding_attention"] * 5 + ["full_attention"], "hidden_size": 64}
+    out = shrink_dict(d, Size())
+    assert out["num_hidden_layers"] == 2
+    assert sorted(out["layer_types"]) == ["full_attention", "sliding_attention"]
+    d = {"num_hidden_layers": 8, "layer_types": ["a", "b", "c"] + ["a"] * 5}
+    out = shrink_dict(d, Size())
+    assert out["num_hidden_layers"] == 3 and set(out["layer_types"]) == {"a", "b", "c"}
+
+
+def test_token_ids_move_inside_the_vocabulary():
+    d = {"vocab_size": 150000, "bos_token_id": 1, "eos_token_id": 149999, "image_token_id": 151655,
+         "text_config": {"model_type": "llama", "vocab_size": 150000}}
+    out = shrink_dict(d, Size())
+    assert out["vocab_size"] == 1024
+    assert out["bos_token_id"] == 1
+    assert 1 < out["eos_token_id"] < 1024 and 1 < out["image_token_id"] < 1024
+    assert out["eos_token_id"] != out["image_token_id"]
+    assert out["text_config"]["vocab_size"] == 1024
+
+
+def test_mla_keeps_multi_head_kv_and_qk_head_dim():
+    c = tiny_config("deepseek_v3")
+    assert c.num_key_value_heads == c.num_attention_heads
+    assert c.qk_head_dim == c.qk_nope_head_dim + c.qk_rope_head_dim
+
+
+def test_plain_backbone_keeps_its_number_of_outputs():
+    c = tiny_config("dpt")
+    assert len(c.backbone_out_indices) == len(c.neck_hidden_sizes)
+    assert max(c.backbone_out_indices) < c.num_hidden_layers
+
+
+def test_cap_layers_keeps_widths():
+    d = {"hidden_size": 4096, "num_hidden_layers": 32, "vision_config": {"model_type": "siglip_vision_model",
+                                                                          "num_hidden_layers": 27, "hidden_size": 1152}}
+    out = cap_layers(d, 2)
+    assert out["hidden_size"] == 4096 and out["num_hidden_layers"] == 2
+    assert out["vision_config"]["num_hidden_layers"] == 2 and out["vision_config"]["hidden_size"] == 1152
+
+
+def test_budget_is_checked_before_allocation():
+    import torch
+
+    with pytest.raises(ZooBuildError) as info:
+        check_budget(lambda: torch.nn.Linear(4096, 4096), budget=1_000_000)
+    assert info.value.category == "over_budget" and "weight (4096, 4096)" in str(info.value)
+    assert check_budget(lambda: torch.nn.Linear(8, 8), budget=1_000_000) == 72
