@@ -219,7 +219,8 @@ def _fix_layer_lists(d: dict[str, Any], old: dict[str, Any], old_layers: int | N
     n = d[layer_key]
     for k, v in list(d.items()):
         # {"05": {...}, "11": {...}}: per-layer overrides keyed by layer index; keep one, on the last layer
-        if isinstance(v, dict) and v and all(str(x).isdigit() for x in v) and max(int(x) for x in v) >= n:
+        if isinstance(v, dict) and v and all(str(x).isdigit() and isinstance(y, dict) for x, y in v.items()) \
+                and max(int(x) for x in v) >= n:
             first = sorted(v, key=int)[0]
             sub = {kk: (_shrink_int(kk, vv, v[first], size) if _is_int(vv) else vv) for kk, vv in v[first].items()}
             d[k] = {str(n - 1).zfill(len(first)): sub}
