@@ -40,7 +40,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="per-worker memory cap in GB (default min(8, 0.8*RAM/jobs); negative: none)")
     r.add_argument("--repeats", type=int, default=3, help="steady-state calls per mode (default 3)")
     r.add_argument("--max-entries-per-worker", type=int, default=50)
-    r.add_argument("--executor", default="local", choices=("local", "ray"))
+    r.add_argument("--executor", default="local", choices=("local", "ray", "inline"),
+                   help="local: a pool of --jobs worker processes; ray: Ray tasks; inline: this process, "
+                        "no isolation (debugging)")
     r.add_argument("--ray-address", default=None, help="Ray cluster address (default: a local ray.init())")
     o = p.add_argument_group("output")
     o.add_argument("--out", default=None, help="output directory (default reports/<run-id>)")

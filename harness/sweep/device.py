@@ -8,6 +8,7 @@ it, the baseline and backend runs are the same computation, so every difference 
 from __future__ import annotations
 
 import contextlib
+import sys
 
 BACKEND_PHASE = False  # True while the runner executes a backend (not baseline/reference) run
 
@@ -45,6 +46,16 @@ class Device:
         self.setup()
         torch.ones(2, device=self.name).cpu()
 
+    def warmup(self, compiled: bool = True) -> None:
+        """Pay one-time costs (Dynamo's import, JAX start-up) before the worker says it is ready, so that
+        they never count against an entry's timeout."""
+        import torch
+
+        if compiled:
+            import torch._dynamo  # noqa: F401
+        torch.manual_seed(0)  # seeds every device: starts JAX under hf_tpu
+        (torch.ones(2, device=self.name) + 1).cpu()
+
     def backend_label(self) -> str:
         try:
             import hf_tpu
@@ -68,9 +79,9 @@ class Device:
             torch.set_float32_matmul_precision(precision)
 
     def reset_stats(self) -> None:
-        import torch._dynamo
-
-        torch._dynamo.utils.counters.clear()
+        dynamo = sys.modules.get("torch._dynamo")  # never imported by an eager-only sweep
+        if dynamo is not None:
+            dynamo.utils.counters.clear()
         try:
             import hf_tpu
 
@@ -102,10 +113,13 @@ class Device:
             sync()
 
 
-def _dynamo_graph_breaks() -> int:
-    import torch._dynamo
+def _dynamo_counters():
+    dynamo = sys.modules.get("torch._dynamo")
+    return dynamo.utils.counters if dynamo is not None else {"graph_break": {}, "stats": {}}
 
-    return int(sum(torch._dynamo.utils.counters["graph_break"].values()))
+
+def _dynamo_graph_breaks() -> int:
+    return int(sum(_dynamo_counters()["graph_break"].values()))
 
 
 class CpuStandIn(Device):
@@ -128,10 +142,13 @@ class CpuStandIn(Device):
     def set_precision(self, precision: str) -> None:
         pass  # CPU float32 stays float32
 
-    def stats(self) -> dict:
-        import torch._dynamo
+    def reset_stats(self) -> None:
+        counters = _dynamo_counters()
+        if hasattr(counters, "clear"):
+            counters.clear()
 
-        c = torch._dynamo.utils.counters
+    def stats(self) -> dict:
+        c = _dynamo_counters()
         return {
             "compilations": int(c["stats"].get("unique_graphs", 0)),
             "graph_breaks": _dynamo_graph_breaks(),

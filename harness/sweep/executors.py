@@ -1,4 +1,4 @@
-"""Executors: how the entries' tasks are run. `local`: a pool of --jobs reusable worker processes on this
+"""Executors: how the entries' tasks are run. `inline`: in this process (debugging only). `local`: a pool of --jobs reusable worker processes on this
 machine. `ray`: one Ray task per entry on an existing cluster (or a local `ray.init()`), each task running its
 entry in a reusable worker subprocess with the same timeout, memory cap and crash handling."""
 
@@ -153,7 +153,32 @@ class RayExecutor:
                 on_done(entry, rows, time.monotonic() - t0)
 
 
+class InlineExecutor:
+    """Entries run in this process, one after another: no isolation, no timeout or memory cap. For debugging
+    the harness (a debugger sees everything) and for fast tests of what does not need isolation."""
+
+    def __init__(self, opts: SweepOptions, log_dir: Path | None = None):
+        self.opts = opts
+
+    def run(self, entries: list, on_done: OnDone) -> None:
+        from harness.sweep.device import get_device
+        from harness.sweep.numerics import load_overrides
+        from harness.sweep.runner import run_entry
+
+        device = get_device(self.opts.device)
+        device.setup()
+        overrides = load_overrides(self.opts.tolerances)
+        for e in entries:
+            t0 = time.monotonic()
+            rows: list[dict] = []
+            run_entry(e, tuple(self.opts.modes), self.opts, device,
+                      lambda k, p: rows.append(p) if k == "row" else None, overrides=overrides)
+            on_done(e, rows, time.monotonic() - t0)
+
+
 def get_executor(opts: SweepOptions, log_dir: Path | None = None):
     if opts.executor == "ray":
         return RayExecutor(opts, log_dir)
+    if opts.executor == "inline":
+        return InlineExecutor(opts, log_dir)
     return LocalExecutor(opts, log_dir)

@@ -60,6 +60,8 @@ class SweepOptions:
     def worker_env(self) -> dict:
         env = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
                "HF_DATASETS_OFFLINE": "1"}
+        if self.device == "cpu":
+            env["HF_TPU_DISABLE"] = "1"  # the cpu stand-in needs no device: skip hf_tpu's autoload and JAX
         env.update(self.env)
         return env
 

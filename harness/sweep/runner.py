@@ -177,17 +177,18 @@ def run_entry(entry, modes: tuple[str, ...], opts: SweepOptions, device: Device,
 def run_mode(mode: str, built, ref: dict, fp64: dict | None, opts: SweepOptions, device: Device,
              tol: numerics.Tolerance, dtype=None) -> dict:
     import torch
-    import torch._dynamo
 
     device.reset_stats()
     device.set_precision(opts.precision)
     row: dict = {}
     phase = "run"
     try:
-        torch._dynamo.reset()  # `call` is shared by all entries: no guards or cache carried over
         model = prepare_model(built.model, device.name, dtype)
         fn = built.call
         if mode == "compiled":
+            import torch._dynamo
+
+            torch._dynamo.reset()  # `call` is shared by all entries: no guards or cache carried over
             fn = torch.compile(built.call, backend=device.compile_backend, dynamic=False)
         with torch.no_grad(), backend_phase():
             torch.manual_seed(opts.seed)

@@ -272,6 +272,7 @@ def _child_main(rfd: int, wfd: int) -> None:
             opts: SweepOptions = payload
             device = get_device(opts.device)
             device.setup()
+            device.warmup(compiled="compiled" in opts.modes)
             overrides = load_overrides(opts.tolerances)
             try:
                 import transformers  # noqa: F401  (warm: a fresh process spends ~2 s importing)

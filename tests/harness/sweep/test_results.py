@@ -62,3 +62,24 @@ def test_run_json(tmp_path):
     assert store.read_run() == {"x": 1}
     assert json.loads((tmp_path / "run.json").read_text()) == {"x": 1}
     assert isinstance(pd.DataFrame, type)
+
+
+def test_a_dead_worker_costs_the_row_of_its_phase_and_the_rest_continue():
+    from harness.sweep import testzoo
+    from harness.sweep.options import SweepOptions
+    from harness.sweep.worker import Death, Task, resolve_death
+
+    (entry,) = testzoo.parse_spec("test:abort")
+    opts = SweepOptions(timeout=7)
+    task = Task(entry, ("eager", "compiled"))
+    rows, cont = resolve_death(task, [], Death("crash", "eager", -6), opts)
+    assert [(r["mode"], r["status"], r["error_message"]) for r in rows] == [("eager", "crash", "worker died: SIGABRT")]
+    assert cont.modes == ("compiled",) and cont.attempt == 1
+    done = [{"mode": "eager", "status": "pass"}]
+    rows, cont = resolve_death(task, done, Death("timeout", "compiled", -9), opts)
+    assert [(r["mode"], r["status"]) for r in rows] == [("compiled", "timeout")] and cont is None
+    assert rows[0]["error_message"] == "timeout after 7 s"
+    rows, cont = resolve_death(task, [], Death("oom", "baseline", -9), opts)  # the CPU baseline's fault
+    assert [r["status"] for r in rows] == ["baseline_fail", "baseline_fail"] and cont is None
+    rows, cont = resolve_death(task, [], Death("crash", "reference", -11), opts)  # fp64 is an extra
+    assert rows == [] and cont.skip_reference and cont.modes == ("eager", "compiled")
