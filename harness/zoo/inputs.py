@@ -119,6 +119,8 @@ def audio_features(config: Any, g: torch.Generator) -> dict[str, Any]:
     if mel and positions:
         # Whisper-style encoders need exactly 2 * max_source_positions frames (conv stride 2).
         return {"input_features": torch.randn(BATCH, mel, 2 * positions, generator=g)}
+    if mel and not per_channel and not find(config, "feature_size"):
+        return {"input_features": torch.randn(BATCH, mel, 64, generator=g)}  # (batch, mel bins, frames)
     if per_channel:
         channels = find(config, "input_channels") or 1
         return {"input_features": torch.randn(BATCH, 64, per_channel * channels, generator=g)}
@@ -131,7 +133,9 @@ def time_series_inputs(config: Any, params: dict[str, Any], g: torch.Generator) 
     lags = max(getattr(config, "lags_sequence", None) or [0])
     channels = getattr(config, "input_size", None) or getattr(config, "num_input_channels", None) or 1
     length = context + lags
-    values = torch.randn(BATCH, length, channels, generator=g) if channels > 1 else torch.randn(BATCH, length, generator=g)
+    # (batch, time) for univariate distribution heads, (batch, time, channels) for patch models
+    multichannel = channels > 1 or getattr(config, "num_input_channels", None) is not None
+    values = torch.randn(BATCH, length, channels, generator=g) if multichannel else torch.randn(BATCH, length, generator=g)
     out: dict[str, Any] = {"past_values": values}
     if "past_time_features" in params:
         out["past_time_features"] = torch.randn(BATCH, length, getattr(config, "num_time_features", 0) or 0, generator=g)

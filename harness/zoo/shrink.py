@@ -55,7 +55,7 @@ R_HIDDEN = _rx(r"hidden_size", r"d_model", r"n_embd", r"embed_dim", r"dim", r"hi
                r".*_hidden_size", r".*_embed_dim", r".*_d_model", r"embedding_dim", r"n_embed",
                r"projection_hidden_size", r"q_lora_rank", r"kv_lora_rank", r"hidden_channels",
                r"mm_hidden_size", r"adapter_hidden_size", r"d_latents", r".*_hidden_dim", r".*_embedding_dim",
-               r"codebook_dim", r".*_projection_dim", r"hidden_size_.*", r"proj_dim", r"d_state_hidden", r"latent_dim")
+               r"codebook_dim", r".*_projection_dim", r"hidden_size_.*", r"projection_size", r"proj_dim", r"d_state_hidden", r"latent_dim")
 R_INTERMEDIATE = _rx(r"intermediate_size", r"ffn_dim", r".*_ffn_dim", r"n_inner", r"d_ff", r"ffn_hidden_size",
                      r"mlp_dim", r"moe_intermediate_size", r"shared_expert_intermediate_size", r"d_inner",
                      r"feed_forward_size", r".*_intermediate_size", r"intermediate_dim", r"mlp_hidden_size",
@@ -168,7 +168,8 @@ def _is_subconfig(key: str, v: Any) -> bool:
     return isinstance(v, dict) and ("model_type" in v or key.endswith("_config") or key in ("encoder", "decoder"))
 
 
-def shrink_dict(d: dict[str, Any], size: Size = Size(), model_type: str | None = None) -> dict[str, Any]:
+def shrink_dict(d: dict[str, Any], size: Size = Size(), model_type: str | None = None, *,
+                _top: bool = True) -> dict[str, Any]:
     """Shrink one level of a `config.to_dict()`, recursing into sub-configs. Returns a new dict."""
     d = {k: v for k, v in d.items() if k not in _DROP}
     model_type = d.get("model_type", model_type)
@@ -187,7 +188,7 @@ def shrink_dict(d: dict[str, Any], size: Size = Size(), model_type: str | None =
         size = dataclasses.replace(size, hidden=min(size.hidden, 2 * size.stage_width))
     for k, v in list(d.items()):
         if _is_subconfig(k, v):
-            d[k] = shrink_dict(v, size)
+            d[k] = shrink_dict(v, size, _top=False)
         elif k in keep:
             continue
         elif _is_int(v):
@@ -200,7 +201,8 @@ def shrink_dict(d: dict[str, Any], size: Size = Size(), model_type: str | None =
     _fix_layer_lists(d, old, old_layers, size)
     _fix_out_indices(d, old, old_layers)
     _fix_heads(d, old)
-    _fix_token_ids(d)
+    if _top:
+        _fix_token_ids(d)
     if "pad_token_id" in d and d["pad_token_id"] is None and _is_int(d.get("vocab_size")):
         d["pad_token_id"] = 0  # sequence classification over a batch needs a pad token
     if _is_int(d.get("window_size")) and _is_int(d.get("patch_size")) and "image_size" in d and d["window_size"] > 2:
@@ -291,6 +293,10 @@ def _fix_heads(d: dict[str, Any], old: dict[str, Any]) -> None:
                 while kv > 1 and heads % kv:
                     kv -= 1
                 d[kv_key] = kv
+    _fix_mrope(d)
+    if all(_is_int(d.get(k)) for k in ("mamba_n_heads", "mamba_d_head", "mamba_expand")) and hidden:
+        # Mamba-2 heads must tile the expanded inner size
+        d["mamba_d_head"] = max(1, d["mamba_expand"] * hidden // d["mamba_n_heads"])
     if all(_is_int(d.get(k)) for k in ("qk_head_dim", "qk_nope_head_dim", "qk_rope_head_dim")) and \
             old["qk_head_dim"] == old["qk_nope_head_dim"] + old["qk_rope_head_dim"]:
         d["qk_head_dim"] = d["qk_nope_head_dim"] + d["qk_rope_head_dim"]
@@ -302,33 +308,78 @@ def _fix_heads(d: dict[str, Any], old: dict[str, Any]) -> None:
                 d[k] = min(d[k], experts)
 
 
+def _fix_mrope(d: dict[str, Any]) -> None:
+    """Multimodal RoPE sections (t, h, w) must sum to half the (shrunk) head dim: rescale them."""
+    head_dim = d.get("head_dim")
+    if not _is_int(head_dim):
+        hidden, heads = d.get("hidden_size"), d.get("num_attention_heads")
+        head_dim = hidden // heads if _is_int(hidden) and _is_int(heads) and heads else None
+    for key in ("rope_parameters", "rope_scaling"):
+        rope = d.get(key)
+        if isinstance(rope, dict) and "mrope_section" not in rope and head_dim and _uses_mrope(d.get("model_type")):
+            rope = {**rope, "mrope_section": [1, 1, 1]}  # the model's built-in default assumes a 128 head dim
+        if not (isinstance(rope, dict) and isinstance(rope.get("mrope_section"), list) and head_dim):
+            continue
+        sections = rope["mrope_section"]
+        factor = rope.get("partial_rotary_factor") or d.get("partial_rotary_factor") or 1.0
+        target = int(head_dim * factor) // 2
+        if sum(sections) == target or not sections:
+            continue
+        new = [max(1, x * target // sum(sections)) for x in sections] if sum(sections) > 3 else \
+            [target - 2 * (target // 3), target // 3, target // 3]
+        new[0] += target - sum(new)
+        d[key] = {**rope, "mrope_section": new}
+
+
+def _uses_mrope(model_type: str | None) -> bool:
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    try:
+        cls = CONFIG_MAPPING[model_type]
+    except KeyError:
+        return False
+    return "mrope_section" in (getattr(cls, "ignore_keys_at_rope_validation", None) or ())
+
+
 def _fix_token_ids(d: dict[str, Any]) -> None:
-    """Token ids outside the shrunk vocabulary move to distinct ids at its top (a config's image/audio
-    placeholders are then still distinct from each other and from ordinary tokens)."""
-    vocab = d.get("vocab_size")
-    if not _is_int(vocab):
-        text = d.get("text_config") or d.get("decoder") or {}
-        vocab = text.get("vocab_size") if isinstance(text, dict) else None
-    if not _is_int(vocab) or vocab < 8:
+    """Token ids outside the shrunk vocabulary move to distinct ids at its top, with one mapping for the whole
+    config tree (a text_config's eos and the top-level video placeholder must not land on the same id)."""
+    levels = [d] + [v for v in _subconfigs(d)]
+    vocabs = [lv["vocab_size"] for lv in levels if _is_int(lv.get("vocab_size")) and lv["vocab_size"] >= 8]
+    if not vocabs:
         return
-    taken = {v for k, v in d.items() if R_TOKEN_ID.match(k) and _is_int(v) and v < vocab}
+    vocab = min(vocabs)
+    taken = {v for lv in levels for k, v in lv.items() if R_TOKEN_ID.match(k) and _is_int(v) and v < vocab}
+    remapped: dict[int, int] = {}
     nxt = vocab - 1
 
-    def fresh() -> int:
+    def new_id(x: int) -> int:
         nonlocal nxt
-        while nxt in taken:
-            nxt -= 1
-        taken.add(nxt)
-        return nxt
+        if x < vocab:
+            return x
+        if x not in remapped:
+            while nxt in taken:
+                nxt -= 1
+            taken.add(nxt)
+            remapped[x] = nxt
+        return remapped[x]
 
-    remapped: dict[int, int] = {}
-    for k, v in list(d.items()):
-        if not R_TOKEN_ID.match(k):
-            continue
-        if _is_int(v) and v >= vocab:
-            d[k] = remapped.setdefault(v, fresh())
-        elif isinstance(v, list) and v and all(_is_int(x) for x in v):
-            d[k] = [remapped.setdefault(x, fresh()) if x >= vocab else x for x in v]
+    for lv in levels:
+        for k, v in list(lv.items()):
+            if not R_TOKEN_ID.match(k):
+                continue
+            if _is_int(v):
+                lv[k] = new_id(v)
+            elif isinstance(v, list) and v and all(_is_int(x) for x in v):
+                lv[k] = [new_id(x) for x in v]
+
+
+def _subconfigs(d: dict[str, Any]) -> list[dict[str, Any]]:
+    out = []
+    for k, v in d.items():
+        if _is_subconfig(k, v):
+            out += [v] + _subconfigs(v)
+    return out
 
 
 def round_to(v: int, m: int) -> int:
