@@ -9,7 +9,10 @@ from __future__ import annotations
 
 from typing import Any
 
+import os as _os
+
 from hf_tpu import device as _device
+from hf_tpu import patches as _patches
 
 __all__ = [
     "backend_info",
@@ -21,8 +24,11 @@ __all__ = [
     "get_matmul_precision",
 ]
 
-if not _device.is_registered() and not _device.real_torch_tpu_present():
+# HF_TPU_DISABLE=1 keeps the stand-in off even when this package is imported (the torch.backends entry
+# point imports it too, so checking only in _autoload.py would not be enough).
+if _os.environ.get("HF_TPU_DISABLE") != "1" and not _device.is_registered() and not _device.real_torch_tpu_present():
     _device.register()
+_patches.install()  # Transformers/Accelerate patches, applied lazily by an import hook (patches.py)
 
 
 def backend_info() -> dict[str, Any]:

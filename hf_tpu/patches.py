@@ -1,0 +1,310 @@
+"""Every patch hf_tpu applies to Transformers, Accelerate, Diffusers (and torch.Generator), in one place.
+
+Upstream already treats `tpu` right almost everywhere: `from_pretrained(device_map="tpu")`, `{"": "tpu:0"}`,
+`dtype=`, sharded and `.bin` checkpoints, `pipe.to("tpu")`, and `generate`'s own compile (Transformers
+picks `CompileConfig(backend="tpu", dynamic=False)` for a `tpu` model). A patch exists only where a test
+in tests/hf_tpu/integration/test_patches.py fails without it; each names the upstream behaviour it fixes.
+
+How they get applied without `import hf_tpu`: `import torch` autoloads hf_tpu (the `torch.backends` entry
+point imports this package, whose __init__ calls `install()`). `install()` must stay cheap, so it imports
+neither transformers nor accelerate: it puts an import hook on `sys.meta_path` that patches a target module
+right after the module's own code has run (or at once, if it is already imported).
+
+  accelerate.utils.modeling      get_max_memory                      (patch "auto_device_map")
+  transformers.modeling_utils    check_and_set_device_map            (patch "tpu_unavailable_error")
+  transformers.modeling_utils    safe_open, load_state_dict          (patch "checkpoint_file_errors")
+  torch                          Generator                           (patch "tpu_generator_error")
+
+`applied()` lists the patches applied in this process; HF_TPU_NO_PATCHES=1 turns them all off (the tests
+use it to show each patch is needed).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.abc
+import importlib.util
+import os
+import sys
+from collections.abc import Callable
+from typing import Any
+
+_applied: list[str] = []
+_installed = False
+_busy: set[str] = set()
+
+
+def applied() -> list[str]:
+    """Names of the patches applied so far in this process."""
+    return list(_applied)
+
+
+def _disabled() -> bool:
+    return os.environ.get("HF_TPU_NO_PATCHES") == "1"
+
+
+def _tpu_served_by_hf_tpu() -> bool:
+    from hf_tpu import device
+
+    return device.is_registered()
+
+
+def _mark(name: str) -> None:
+    if name not in _applied:
+        _applied.append(name)
+
+
+# ------------------------------------------------------------------------------------------------ patch 1
+def _patch_accelerate_max_memory(mod: Any) -> None:
+    """Upstream: accelerate's `get_max_memory()` (behind `device_map="auto"`, "balanced", "sequential")
+    counts only CUDA, NPU, MLU, SDAA, MUSA, XPU and HPU devices, so with `tpu` as the accelerator it
+    returns {"cpu": ...} and "auto" silently loads the whole model on CPU. Fix: when hf_tpu serves `tpu`
+    and the caller gave no `max_memory`, add the tpu devices as integer ids, as accelerate does for CUDA
+    (an integer device id is `torch.device(i)`, which is `tpu:i` with `tpu` as the current accelerator)."""
+    orig = mod.get_max_memory
+    if getattr(orig, "_hf_tpu_patched", False):
+        return
+
+    @functools.wraps(orig)
+    def get_max_memory(max_memory: Any = None) -> Any:
+        if not _tpu_served_by_hf_tpu():
+            return orig(max_memory)
+        if max_memory is None:
+            result = orig(None)
+            if any(isinstance(k, int) for k in result):
+                return result  # another accelerator answered
+            import torch
+
+            return {**{i: _tpu_free_memory(i) for i in range(torch.tpu.device_count())}, **result}
+        # An explicit budget (the user's, or the one Transformers computed from ours): upstream would warn
+        # "Device 0 is not available" for the tpu ids, so it sees only the host entries.
+        ints = {k: v for k, v in max_memory.items() if isinstance(k, int)}
+        rest = orig({k: v for k, v in max_memory.items() if not isinstance(k, int)})
+        ints = {k: mod.convert_file_size_to_int(v) if isinstance(v, str) else v for k, v in sorted(ints.items())}
+        return {**ints, **rest}
+
+    get_max_memory._hf_tpu_patched = True  # type: ignore[attr-defined]
+    mod.get_max_memory = get_max_memory
+    # modules that bound the name before we got here
+    for name in ("accelerate.utils", "transformers.integrations.accelerate"):
+        other = sys.modules.get(name)
+        for attr in ("get_max_memory", "accelerate_max_memory"):
+            if other is not None and getattr(other, attr, None) is orig:
+                setattr(other, attr, get_max_memory)
+    _mark("auto_device_map")
+
+
+def _tpu_free_memory(index: int) -> int:
+    """Free bytes on tpu:index: JAX's memory stats where the platform has them, else (XLA:CPU, whose
+    device memory is host memory) the host's available memory."""
+    import psutil
+
+    from hf_tpu import runtime
+
+    try:
+        stats = runtime.jax().devices()[index].memory_stats() or {}
+    except Exception:
+        stats = {}
+    if "bytes_limit" in stats:
+        return int(stats["bytes_limit"] - stats.get("bytes_in_use", 0))
+    return int(psutil.virtual_memory().available)
+
+
+# ------------------------------------------------------------------------------------------------ patch 2
+def _unavailable_reason() -> tuple[str, str]:
+    import torch
+
+    from hf_tpu import device
+
+    name = torch._C._get_privateuse1_backend_name()
+    if os.environ.get("HF_TPU_DISABLE") == "1":
+        return ("hf_tpu's stand-in `tpu` backend is disabled by the environment variable HF_TPU_DISABLE=1",
+                "unset HF_TPU_DISABLE (or set it to 0)")
+    if device.real_torch_tpu_present():
+        return ("torch_tpu is installed and TPU chips are attached, so hf_tpu stepped aside, but torch_tpu has "
+                "not registered the `tpu` device", "check the torch_tpu installation (`import torch_tpu`)")
+    if name not in ("privateuseone", "tpu"):
+        return (f"PyTorch's PrivateUse1 device slot is already taken by another backend ({name!r}), so hf_tpu "
+                "could not register `tpu`", f"do not load the {name!r} backend in this process")
+    return ("no backend has registered the `tpu` device in this process",
+            "install hf-tpu (`pip install -e .` in the hf-tpu checkout) so that `import torch` registers it")
+
+
+def _mentions_tpu(device_map: Any) -> bool:
+    def is_tpu(v: Any) -> bool:
+        return isinstance(v, str) and (v == "tpu" or v.startswith("tpu:"))
+
+    if is_tpu(device_map):
+        return True
+    return isinstance(device_map, dict) and any(is_tpu(v) for v in device_map.values())
+
+
+def _patch_device_map_check(mod: Any) -> None:
+    """Upstream: with no backend serving `tpu`, `device_map="tpu"` fails inside `torch.device("tpu")` and
+    Transformers re-raises "the value needs to be a device name (e.g. cpu, cuda:0) or 'auto', ...", which
+    names neither the reason nor the fix. Fix: say why `tpu` is missing and how to get it."""
+    orig = mod.check_and_set_device_map
+    if getattr(orig, "_hf_tpu_patched", False):
+        return
+
+    @functools.wraps(orig)
+    def check_and_set_device_map(device_map: Any) -> Any:
+        if _mentions_tpu(device_map):
+            import torch
+
+            if torch._C._get_privateuse1_backend_name() != "tpu":
+                reason, fix = _unavailable_reason()
+                raise RuntimeError(
+                    f"device_map={device_map!r}: no backend can serve the `tpu` device: {reason}. To fix it, "
+                    f"{fix}; or load on CPU with device_map='cpu'."
+                )
+        return orig(device_map)
+
+    check_and_set_device_map._hf_tpu_patched = True  # type: ignore[attr-defined]
+    mod.check_and_set_device_map = check_and_set_device_map
+    _mark("tpu_unavailable_error")
+
+
+# ------------------------------------------------------------------------------------------------ patch 3
+class CheckpointFileError(OSError):
+    """A checkpoint file could not be read; `.path` names it."""
+
+    def __init__(self, path: Any, exc: BaseException) -> None:
+        self.path = str(path)
+        super().__init__(
+            f"Unable to load weights from checkpoint file {self.path!r}: {type(exc).__name__}: {exc}. The file "
+            "is missing, truncated or corrupt: re-download it or save the model again."
+        )
+
+
+def _patch_checkpoint_errors(mod: Any) -> None:
+    """Upstream: a corrupt or truncated checkpoint fails in `from_pretrained` with the reader's own error:
+    safetensors' "Error while deserializing header: ...", torch.load's "[Errno 22] Invalid argument" or
+    "Weights only load failed", none naming the file (and in a sharded checkpoint the user cannot tell
+    which shard). Fix: re-raise as `CheckpointFileError` (an OSError) naming the file, the original chained."""
+    if getattr(mod.safe_open, "_hf_tpu_patched", False):
+        return
+    orig_open = mod.safe_open
+    orig_load = mod.load_state_dict
+
+    def safe_open(filename: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return orig_open(filename, *args, **kwargs)
+        except Exception as exc:
+            raise CheckpointFileError(filename, exc) from exc
+
+    @functools.wraps(orig_load)
+    def load_state_dict(checkpoint_file: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return orig_load(checkpoint_file, *args, **kwargs)
+        except CheckpointFileError:
+            raise
+        except Exception as exc:
+            raise CheckpointFileError(checkpoint_file, exc) from exc
+
+    safe_open._hf_tpu_patched = True  # type: ignore[attr-defined]
+    mod.safe_open = safe_open
+    mod.load_state_dict = load_state_dict
+    _mark("checkpoint_file_errors")
+
+
+# ------------------------------------------------------------------------------------------------ patch 4
+def _patch_torch_generator() -> None:
+    """Upstream (PyTorch): `torch.Generator(device="tpu")` needs the backend's C++ `getNewGenerator` hook,
+    which a Python backend cannot provide, and fails with "You should register `PrivateUse1HooksInterface`
+    ... and implement `getNewGenerator`", which tells a Diffusers user nothing. Fix: `torch.Generator` is
+    replaced by a class that builds the same C generator for every other device and, for `tpu`, raises an
+    error that says to pass a CPU generator (Diffusers draws on CPU and moves the noise to the device, so
+    results match CPU). `isinstance(g, torch.Generator)` still holds for every generator."""
+    import torch
+
+    c_generator = torch._C.Generator
+    if getattr(torch.Generator, "_hf_tpu_patched", False) or torch.Generator is not c_generator:
+        return
+
+    class _GeneratorMeta(type):
+        def __instancecheck__(cls, obj: Any) -> bool:
+            return isinstance(obj, c_generator)
+
+        def __subclasscheck__(cls, sub: Any) -> bool:
+            return issubclass(sub, c_generator)
+
+        def __call__(cls, device: Any = "cpu", *args: Any, **kwargs: Any) -> Any:
+            device = kwargs.pop("device", device)
+            if _is_hf_tpu_device(device):
+                raise RuntimeError(
+                    f"torch.Generator(device={str(device)!r}) is not supported on hf_tpu's `tpu` device: use a CPU "
+                    "generator, torch.Generator('cpu').manual_seed(seed), and pass it as usual (e.g. "
+                    "pipe(..., generator=g)); random draws on tpu then match CPU exactly."
+                )
+            return c_generator(device, *args, **kwargs)
+
+    class Generator(metaclass=_GeneratorMeta):
+        __doc__ = c_generator.__doc__
+        _hf_tpu_patched = True
+
+    Generator.__module__ = "torch"
+    Generator.__qualname__ = "Generator"
+    torch.Generator = Generator
+    _mark("tpu_generator_error")
+
+
+def _is_hf_tpu_device(device: Any) -> bool:
+    if isinstance(device, str):
+        kind = device.split(":")[0]
+    else:
+        kind = getattr(device, "type", None)
+    return kind == "tpu" and _tpu_served_by_hf_tpu()
+
+
+# ------------------------------------------------------------------------------------------ the import hook
+_TARGETS: dict[str, list[Callable[[Any], None]]] = {
+    "accelerate.utils.modeling": [_patch_accelerate_max_memory],
+    "transformers.modeling_utils": [_patch_device_map_check, _patch_checkpoint_errors],
+}
+
+
+def _apply(name: str, module: Any) -> None:
+    for patch in _TARGETS[name]:
+        patch(module)
+
+
+class _PatchingFinder(importlib.abc.MetaPathFinder):
+    """Finds a target module with the other finders, and wraps its loader's `exec_module` so that the
+    module is patched as soon as its code has run (before `from x import name` elsewhere copies names)."""
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
+        if fullname not in _TARGETS or fullname in _busy:
+            return None
+        _busy.add(fullname)
+        try:
+            spec = importlib.util.find_spec(fullname)
+        except Exception:
+            return None
+        finally:
+            _busy.discard(fullname)
+        loader = getattr(spec, "loader", None)
+        if loader is None or not hasattr(loader, "exec_module"):
+            return None
+        orig_exec = loader.exec_module
+
+        def exec_module(module: Any) -> None:
+            orig_exec(module)
+            _apply(fullname, module)
+
+        loader.exec_module = exec_module  # this loader instance serves this one module
+        return spec
+
+
+def install() -> None:
+    """Apply the patches (called when hf_tpu is imported, which `import torch` does). Cheap and idempotent."""
+    global _installed
+    if _installed or _disabled():
+        return
+    _installed = True
+    sys.meta_path.insert(0, _PatchingFinder())
+    for name in _TARGETS:
+        if name in sys.modules:
+            _apply(name, sys.modules[name])
+    if _tpu_served_by_hf_tpu():
+        _patch_torch_generator()
