@@ -1,0 +1,161 @@
+"""Issue 3, points 6 and 7: each patch in hf_tpu/patches.py, its effect, and proof that upstream still needs
+it (the same checks in a subprocess with HF_TPU_NO_PATCHES=1 must show the upstream behaviour)."""
+
+import os
+import pickle
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+from _hf_tiny import llama, save_tiny
+
+import hf_tpu.patches as patches
+
+
+@pytest.fixture(scope="module")
+def llama_dir(tmp_path_factory):
+    return save_tiny("AutoModelForCausalLM", llama(), tmp_path_factory.mktemp("llama"))
+
+
+def _run(code: str, **env: str) -> subprocess.CompletedProcess:
+    full_env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error", **env}
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=full_env, capture_output=True,
+                          text=True, timeout=300)
+
+
+# ------------------------------------------------------------------------------------- auto_device_map
+def test_auto_device_map_counts_the_tpu(llama_dir):
+    import accelerate.utils
+    import transformers
+
+    assert 0 in accelerate.utils.get_max_memory()
+    model = transformers.AutoModelForCausalLM.from_pretrained(llama_dir, device_map="auto")
+    assert {p.device.type for p in model.parameters()} == {"tpu"}
+    # an explicit budget that cannot hold the model offloads the rest to CPU, as on CUDA
+    small = transformers.AutoModelForCausalLM.from_pretrained(
+        llama_dir, device_map="auto", max_memory={0: 50_000, "cpu": 10**9})  # ints: Transformers 5.24 min()s str and int
+    assert set(small.hf_device_map.values()) == {0, "cpu"}  # 0 is torch.device(0), i.e. tpu:0
+    ids = torch.randint(3, 99, (1, 5), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        out = small(ids.to("tpu")).logits
+    assert out.device.type == "tpu"
+    assert torch.allclose(out.cpu(), model(ids.to("tpu")).logits.cpu(), rtol=1e-2, atol=1e-2)
+
+
+# ------------------------------------------------------------------------------- tpu_unavailable_error
+def test_device_map_tpu_without_a_backend_names_reason_and_fix(llama_dir):
+    """Also shows the patches apply on `import torch` alone, without importing transformers or JAX then."""
+    code = f"""
+        import sys, torch
+        assert "transformers" not in sys.modules and "jax" not in sys.modules, "import torch must stay cheap"
+        import transformers
+        try:
+            transformers.AutoModelForCausalLM.from_pretrained({str(llama_dir)!r}, device_map="tpu")
+        except Exception as e:
+            print(type(e).__name__ + ": " + str(e))
+        import hf_tpu.patches
+        print("applied:", hf_tpu.patches.applied())
+    """
+    res = _run(code, HF_TPU_DISABLE="1")
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "RuntimeError: device_map='tpu': no backend can serve the `tpu` device" in res.stdout
+    assert "HF_TPU_DISABLE=1" in res.stdout and "unset HF_TPU_DISABLE" in res.stdout
+    assert "device_map='cpu'" in res.stdout
+    assert "applied: ['auto_device_map', 'tpu_unavailable_error', 'checkpoint_file_errors']" in res.stdout
+
+
+# ------------------------------------------------------------------------------ checkpoint_file_errors
+def _truncate(path):
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+
+
+@pytest.mark.parametrize("damage", ["truncated", "garbage", "missing_shard", "bin_truncated", "bin_garbage"])
+def test_corrupt_or_missing_checkpoint_error_names_the_file(damage, tmp_path, llama_dir):
+    import transformers
+
+    if damage == "missing_shard":
+        save_tiny("AutoModelForCausalLM", llama(), tmp_path, max_shard_size="20KB")
+        bad = tmp_path / "model-00002-of-00007.safetensors"
+        bad.unlink()
+    else:
+        (tmp_path / "config.json").write_text((llama_dir / "config.json").read_text())
+        if damage.startswith("bin"):
+            bad = tmp_path / "pytorch_model.bin"
+            torch.save(transformers.AutoModelForCausalLM.from_pretrained(llama_dir).state_dict(), bad)
+        else:
+            bad = tmp_path / "model.safetensors"
+            bad.write_bytes((llama_dir / "model.safetensors").read_bytes())
+        if damage.endswith("truncated"):
+            _truncate(bad)
+        else:
+            bad.write_bytes(b"\x00not a checkpoint\x00" * 8)
+    with pytest.raises(OSError) as info:
+        transformers.AutoModelForCausalLM.from_pretrained(tmp_path, device_map="tpu")
+    assert str(bad) in str(info.value)
+    assert "jax" not in str(info.value).lower()
+
+
+def test_missing_weights_error_names_the_directory(tmp_path, llama_dir):
+    import transformers
+
+    (tmp_path / "config.json").write_text((llama_dir / "config.json").read_text())
+    with pytest.raises(OSError, match="model.safetensors"):
+        transformers.AutoModelForCausalLM.from_pretrained(tmp_path, device_map="tpu")
+
+
+# --------------------------------------------------------------------------------- tpu_generator_error
+def test_tpu_generator_says_to_use_a_cpu_generator():
+    with pytest.raises(RuntimeError, match=r"use a CPU generator"):
+        torch.Generator(device="tpu")
+    with pytest.raises(RuntimeError, match=r"use a CPU generator"):
+        torch.Generator(torch.device("tpu", 0))
+
+
+def test_patched_generator_is_still_torch_generator():
+    g = torch.Generator().manual_seed(3)
+    assert isinstance(g, torch.Generator) and isinstance(torch.default_generator, torch.Generator)
+    assert type(g) is torch._C.Generator and issubclass(torch._C.Generator, torch.Generator)
+    assert torch.Generator("cpu").manual_seed(3).initial_seed() == 3
+    a = torch.randn(4, generator=torch.Generator().manual_seed(5))
+    assert torch.equal(a, torch.randn(4, generator=pickle.loads(pickle.dumps(torch.Generator().manual_seed(5)))))
+    loader = torch.utils.data.DataLoader(list(range(8)), shuffle=True, generator=torch.Generator().manual_seed(0))
+    assert sorted(int(x) for b in loader for x in b) == list(range(8))
+
+
+# ---------------------------------------------------------------------- upstream still needs each patch
+@pytest.mark.slow
+def test_without_patches_upstream_misbehaves(llama_dir, tmp_path):
+    """If one of these stops failing upstream, drop the matching patch."""
+    bad = tmp_path / "model.safetensors"
+    bad.write_bytes(b"\x00" * 64)
+    (tmp_path / "config.json").write_text((llama_dir / "config.json").read_text())
+    code = f"""
+        import torch, transformers
+        m = transformers.AutoModelForCausalLM.from_pretrained({str(llama_dir)!r}, device_map="auto")
+        print("auto_device_map:", next(m.parameters()).device.type)
+        try:
+            torch.Generator(device="tpu")
+        except Exception as e:
+            print("tpu_generator_error:", "CPU generator" in str(e))
+        try:
+            transformers.AutoModelForCausalLM.from_pretrained({str(tmp_path)!r}, device_map="tpu")
+        except Exception as e:
+            print("checkpoint_file_errors:", {str(bad)!r} in str(e))
+    """
+    res = _run(code, HF_TPU_NO_PATCHES="1")
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "auto_device_map: cpu" in res.stdout
+    assert "tpu_generator_error: False" in res.stdout
+    assert "checkpoint_file_errors: False" in res.stdout
+    code = f"""
+        import transformers
+        try:
+            transformers.AutoModelForCausalLM.from_pretrained({str(llama_dir)!r}, device_map="tpu")
+        except Exception as e:
+            print("tpu_unavailable_error:", "HF_TPU_DISABLE" in str(e), type(e).__name__, e)
+    """
+    res = _run(code, HF_TPU_NO_PATCHES="1", HF_TPU_DISABLE="1")
+    assert "tpu_unavailable_error: False" in res.stdout, res.stdout + res.stderr[-2000:]
