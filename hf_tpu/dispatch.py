@@ -232,6 +232,19 @@ def _cpu_fallback(op: Any, args: tuple, kwargs: dict) -> Any:
     return pytree.tree_map_only(torch.Tensor, lambda t: T.wrap(T.from_cpu(t), t.dtype), res)
 
 
+def _promote_integral_inputs(op: Any, args: tuple, kwargs: dict, jargs: tuple, jkwargs: dict) -> tuple:
+    """Integer or bool inputs of an op whose result PyTorch makes floating (sigmoid, rsqrt, true
+    division): promote them first, as PyTorch does; JAX's float functions reject integer arrays."""
+    tensors = [x for x in _leaves(args, kwargs) if isinstance(x, torch.Tensor)]
+    if not tensors or any(t.is_floating_point() or t.is_complex() for t in tensors):
+        return jargs, jkwargs
+    expected = _meta_dtypes(op, args, kwargs)
+    if not expected or expected[0] is None or not expected[0].is_floating_point:
+        return jargs, jkwargs
+    want = dtypes.to_jax(expected[0])
+    return _map(lambda x: x.astype(want) if _is_array(x) else x, jargs, jkwargs)
+
+
 def run_functional(op: Any, args: tuple, kwargs: dict) -> Any:
     fn = lowering.find(op)
     if fn is None:
@@ -242,6 +255,7 @@ def run_functional(op: Any, args: tuple, kwargs: dict) -> Any:
             return _cpu_fallback(op, args, kwargs)
         raise lowering.NoLowering(op)
     jargs, jkwargs = _map(functools.partial(_unwrap, op), args, kwargs)
+    jargs, jkwargs = _promote_integral_inputs(op, args, kwargs, jargs, jkwargs)
     try:
         res = op_jit.call(op, fn, jargs, jkwargs, precision.current(), not lowering.is_random(op))
     except (NotImplementedError, lowering.NoLowering):
@@ -250,6 +264,10 @@ def run_functional(op: Any, args: tuple, kwargs: dict) -> Any:
         if cpu_fallback_enabled():
             return _cpu_fallback(op, args, kwargs)
         raise TpuOpError(op, exc) from exc
+    if res is NotImplemented:  # torchax declines some argument combinations
+        if cpu_fallback_enabled():
+            return _cpu_fallback(op, args, kwargs)
+        raise lowering.NoLowering(op, " for these arguments")
     return _wrap_outputs(op, res, args, kwargs)
 
 

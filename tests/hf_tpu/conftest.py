@@ -1,0 +1,26 @@
+from collections.abc import Iterator
+
+import pytest
+import torch
+
+import hf_tpu
+
+
+@pytest.fixture
+def precision() -> Iterator[object]:
+    """Set the tpu matmul precision for one test and restore it afterwards."""
+    from hf_tpu import precision as p
+
+    before_explicit, before_torch = p._explicit, torch.get_float32_matmul_precision()
+
+    def set_(value: str) -> None:
+        hf_tpu.set_matmul_precision(value)
+
+    yield set_
+    p._explicit = before_explicit
+    p._orig_set(before_torch)
+
+
+@pytest.fixture
+def highest(precision) -> None:
+    precision("highest")
