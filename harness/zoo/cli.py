@@ -20,6 +20,12 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _non_negative_int(text: str) -> int:
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {text!r}")
+    return int(text)
+
+
 def _add_selection(p: argparse.ArgumentParser, default_zoo: str) -> None:
     p.add_argument("--zoo", default=default_zoo,
                    help=f"smoke | full | path of a models-list CSV (default: {default_zoo})")
@@ -40,7 +46,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p = sub.add_parser("check", help="build entries and run them once on CPU, with a reason for each failure")
     _add_selection(p, "smoke")
     p.add_argument("--limit", type=_positive_int, help="only the first N selected entries")
-    p.add_argument("--jobs", type=_positive_int, default=1, help="worker processes (default: 1)")
+    p.add_argument("--jobs", type=_non_negative_int, default=1,
+                   help="worker processes (default: 1); 0 runs in this process, without crash/timeout isolation")
     p.add_argument("--timeout", type=float, default=120.0, help="seconds per entry before it counts as a timeout")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", metavar="CSV", help="write one row per entry to this CSV file")
