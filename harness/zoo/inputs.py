@@ -192,7 +192,7 @@ def grid_vision_inputs(config: Any, g: torch.Generator, grid: int = 4) -> dict[s
             "image_grid_thw": torch.tensor([[1, grid, grid]] * BATCH)}
 
 
-_PLACEHOLDER = re.compile(r"(Image|Video|Audio) features and \w+ tokens do not match, tokens: (\d+), features: (\d+)")
+_PLACEHOLDER = re.compile(r"(Image|Video|Audio) features and \w+ tokens do not match[,:] tokens: (\d+), features:? (\d+)")
 
 
 def placeholder_id(config: Any, kind: str) -> int | None:

@@ -23,7 +23,17 @@ class Rule:
 
 NO_RULE = Rule()
 
-RULES: dict[str, Rule] = {}
+RULES: dict[str, Rule] = {
+    # X-MOD routes every batch through a language adapter and refuses input without a language.
+    "xmod": Rule(config={"default_language": "en_XX"}),
+    # Gemma 3 pools the vision tower's patch grid down to mm_tokens_per_image (a square): 4 patches per side
+    # at 64 px, so 4 tokens (2 x 2), not the default 256.
+    "gemma3": Rule(config={"mm_tokens_per_image": 4}),
+    "shieldgemma2": Rule(config={"mm_tokens_per_image": 4}),
+    "t5gemma2": Rule(config={"encoder": {"mm_tokens_per_image": 4}}),
+    # MobileBERT's bottleneck widths are separate keys that must follow the shrunk hidden size.
+    "mobilebert": Rule(config={"embedding_size": 64, "intra_bottleneck_size": 64, "true_hidden_size": 64}),
+}
 
 
 def rule_for(model_type: str) -> Rule:
