@@ -35,11 +35,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--tolerances", default=None, help="YAML of per-entry numerics overrides")
     r = p.add_argument_group("how to run")
     r.add_argument("--jobs", "-j", type=int, default=1, help="entries run at once (default 1)")
-    r.add_argument("--timeout", type=float, default=300.0, help="seconds per entry (default 300)")
+    r.add_argument("--timeout", type=float, default=300.0,
+                   help="seconds per entry and phase: building and the CPU runs, then each mode (default 300)")
     r.add_argument("--memory-cap", type=float, default=0.0, metavar="GB",
                    help="per-worker memory cap in GB (default min(8, 0.8*RAM/jobs); negative: none)")
     r.add_argument("--repeats", type=int, default=3, help="steady-state calls per mode (default 3)")
-    r.add_argument("--max-entries-per-worker", type=int, default=50)
+    r.add_argument("--max-entries-per-worker", type=int, default=100,
+                   help="a worker is replaced after this many entries (default 100)")
     r.add_argument("--executor", default="local", choices=("local", "ray", "inline"),
                    help="local: a pool of --jobs worker processes; ray: Ray tasks; inline: this process, "
                         "no isolation (debugging)")

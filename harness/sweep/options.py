@@ -36,10 +36,10 @@ class SweepOptions:
     hub_layers: int = 2
     limit: int | None = None
     jobs: int = 1
-    timeout: float = 300.0  # seconds per entry (per attempt)
+    timeout: float = 300.0  # seconds per entry phase: build + CPU runs, then each mode
     memory_cap_gb: float = 0.0  # 0: default_memory_cap_gb(jobs); negative: no cap
     repeats: int = 3  # steady-state calls per mode (fewer when calls are slow)
-    max_entries_per_worker: int = 50
+    max_entries_per_worker: int = 100
     executor: str = "local"
     ray_address: str | None = None
     tolerances: str | None = None

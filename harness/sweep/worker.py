@@ -167,6 +167,8 @@ class Worker:
             return "ready"
         if kind == "phase":
             self.phase = payload
+            if payload in BACKEND_PHASES:  # each mode gets the whole --timeout budget
+                self.deadline = time.monotonic() + self.opts.timeout
         elif kind == "row":
             self.outcome.rows.append(payload)
         elif kind == "done":
