@@ -119,8 +119,6 @@ def audio_features(config: Any, g: torch.Generator) -> dict[str, Any]:
     if mel and positions:
         # Whisper-style encoders need exactly 2 * max_source_positions frames (conv stride 2).
         return {"input_features": torch.randn(BATCH, mel, 2 * positions, generator=g)}
-    if mel and not per_channel and not find(config, "feature_size"):
-        return {"input_features": torch.randn(BATCH, mel, 64, generator=g)}  # (batch, mel bins, frames)
     if per_channel:
         channels = find(config, "input_channels") or 1
         return {"input_features": torch.randn(BATCH, 64, per_channel * channels, generator=g)}

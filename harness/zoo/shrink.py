@@ -294,7 +294,10 @@ def _fix_heads(d: dict[str, Any], old: dict[str, Any]) -> None:
                     kv -= 1
                 d[kv_key] = kv
     _fix_mrope(d)
-    if all(_is_int(d.get(k)) for k in ("mamba_n_heads", "mamba_d_head", "mamba_expand")) and hidden:
+    mamba = ("mamba_n_heads", "mamba_d_head", "mamba_expand")
+    old_hidden = next((old[k] for k in ("hidden_size", "d_model") if _is_int(old.get(k))), 0)
+    if all(_is_int(d.get(k)) and _is_int(old.get(k)) for k in mamba) and hidden and \
+            old["mamba_n_heads"] * old["mamba_d_head"] == old["mamba_expand"] * old_hidden:
         # Mamba-2 heads must tile the expanded inner size
         d["mamba_d_head"] = max(1, d["mamba_expand"] * hidden // d["mamba_n_heads"])
     if all(_is_int(d.get(k)) for k in ("qk_head_dim", "qk_nope_head_dim", "qk_rope_head_dim")) and \
