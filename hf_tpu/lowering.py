@@ -86,6 +86,8 @@ def find(op: Any) -> Callable[..., Any] | None:
         if entry is None:
             return None
         fn = entry.func
+        if isinstance(op, torch._ops.OpOverload) and not _accepts_schema(fn, op):
+            return None  # written for another torch's schema: the decomposition is right instead
         if entry.needs_env:
             fn = functools.partial(fn, env=ENV)
     name = op.__name__.split(".")[0] if hasattr(op, "__name__") else ""
@@ -96,6 +98,24 @@ def find(op: Any) -> Callable[..., Any] | None:
             return inner(*precision.round_args(name, args, precision.current()), **kwargs)
 
     return fn
+
+
+def _accepts_schema(fn: Callable[..., Any], op: Any) -> bool:
+    """Can `fn` take this overload's arguments? torchax 0.0.13 predates some torch 2.13 schemas
+    (e.g. native_layer_norm_backward gained arguments); such lowerings would fail at run time."""
+    import inspect
+
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return True
+    # the arguments every caller passes: positional ones without a default
+    required = [None] * sum(1 for a in op._schema.arguments if not a.kwarg_only and not a.has_default_value())
+    try:
+        sig.bind(*required)
+    except TypeError:
+        return False
+    return True
 
 
 @functools.cache

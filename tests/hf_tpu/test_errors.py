@@ -1,0 +1,79 @@
+"""Bad use gets a clear error; missing lowerings name the op; the opt-in CPU fallback records ops."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import hf_tpu
+from hf_tpu import lowering
+
+
+def test_device_index_out_of_range() -> None:
+    with pytest.raises(RuntimeError, match=r"tpu:3 is not a valid device.*1 tpu device"):
+        torch.ones(2, device="tpu:3")
+    with pytest.raises(RuntimeError, match=r"tpu:3 is not a valid device"):
+        torch.ones(2).to("tpu:3")
+
+
+def test_mixed_devices() -> None:
+    with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device, but found at least two devices, tpu:0 and cpu"):
+        torch.ones(3, device="tpu") + torch.ones(3)
+    # a CPU scalar tensor is a scalar, as on CUDA
+    assert (torch.ones(3, device="tpu") * torch.tensor(2.0)).cpu().tolist() == [2.0, 2.0, 2.0]
+
+
+def test_unsupported_dtype() -> None:
+    with pytest.raises(TypeError, match=r"tpu does not support dtype torch.float8_e4m3fn.*supported dtypes"):
+        torch.zeros(2, dtype=torch.float8_e4m3fn).to("tpu")
+
+
+@pytest.fixture
+def missing_lowering(monkeypatch):
+    """Pretend `aten.erfinv` has no lowering (as an op torchax lacks would)."""
+    op = torch.ops.aten.erfinv.default
+    orig = lowering.find.__wrapped__
+
+    def find(o):
+        return None if o is op else orig(o)
+
+    monkeypatch.setattr(lowering, "find", find)
+    monkeypatch.setattr(lowering, "decomposition", lambda o: None)
+    return op
+
+
+def test_missing_lowering_names_the_op(missing_lowering) -> None:
+    with pytest.raises(NotImplementedError, match=r"no JAX lowering for aten::erfinv.default") as info:
+        torch.erfinv(torch.rand(3, device="tpu"))
+    assert info.value.op == "aten::erfinv.default"
+
+
+def test_cpu_fallback_runs_and_records(missing_lowering, monkeypatch) -> None:
+    monkeypatch.setenv("HF_TPU_CPU_FALLBACK", "1")
+    hf_tpu.reset_fallback_ops()
+    x = torch.rand(3) * 0.5
+    out = torch.erfinv(x.to("tpu"))
+    assert out.device.type == "tpu"
+    torch.testing.assert_close(out.cpu(), torch.erfinv(x))
+    torch.erfinv(x.to("tpu"))
+    assert hf_tpu.fallback_ops() == {"aten::erfinv.default": 2}
+
+
+def test_launch_blocking_raises_at_the_op() -> None:
+    code = (
+        "import torch\n"
+        "x = torch.ones(3, device='tpu')\n"
+        "try:\n"
+        "    torch.ones(3, device='tpu') @ torch.ones(4, device='tpu')\n"
+        "except RuntimeError as e:\n"
+        "    print('raised', 'aten::' in str(e))\n"
+    )
+    for var in ("TORCH_TPU_LAUNCH_BLOCKING", "TPU_LAUNCH_BLOCKING"):
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                           env={**os.environ, var: "1"})
+        assert r.returncode == 0, r.stderr[-2000:]
+        assert "raised True" in r.stdout
