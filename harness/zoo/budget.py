@@ -3,7 +3,7 @@ fails the entry with a reason instead of building (and sweeping) a huge model.""
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 

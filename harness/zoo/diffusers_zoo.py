@@ -6,8 +6,9 @@ row here is hand-sized: channel widths 16-64, one or two blocks, 1-2 layers, 8-3
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -353,7 +354,6 @@ def _hunyuan_rope(h: int, w: int, patch: int, head_dim: int) -> tuple[torch.Tens
     return get_2d_rotary_pos_embed(head_dim, ((0, 0), (gh, gw)), (gh, gw))
 
 
-    return get_2d_rotary_pos_embed_lumina(head_dim, n, n)
 
 
 def _stable_audio_rope(length: int, dim: int) -> tuple[torch.Tensor, torch.Tensor]:

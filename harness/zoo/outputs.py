@@ -50,7 +50,7 @@ def _walk(value: Any, prefix: str, out: dict[str, torch.Tensor], depth: int) -> 
     for name in ("key_cache", "value_cache"):
         if hasattr(value, name):
             _walk(getattr(value, name), _key(prefix, name), out, depth + 1)
-    if hasattr(value, "layers") and isinstance(getattr(value, "layers"), list):
+    if hasattr(value, "layers") and isinstance(value.layers, list):
         for i, layer in enumerate(value.layers):
             for name in ("keys", "values"):
                 _walk(getattr(layer, name, None), _key(prefix, f"{i}.{name}"), out, depth + 1)

@@ -7,8 +7,9 @@ cannot derive."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 DELETE = object()  # in `config`: drop the key so the constructor derives it
 

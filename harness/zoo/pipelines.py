@@ -6,9 +6,10 @@ wherever the pipeline runs. Images come back as tensors (`output_type="pt"`)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -161,8 +162,8 @@ def _consistency() -> dict[str, Any]:
 
 
 def _image(seed: int = 0) -> Any:
-    from PIL import Image
     import numpy as np
+    from PIL import Image
 
     rng = np.random.default_rng(seed)
     return Image.fromarray(rng.integers(0, 256, (SIZE, SIZE, 3), dtype=np.uint8))
