@@ -354,8 +354,6 @@ def _hunyuan_rope(h: int, w: int, patch: int, head_dim: int) -> tuple[torch.Tens
     return get_2d_rotary_pos_embed(head_dim, ((0, 0), (gh, gw)), (gh, gw))
 
 
-
-
 def _stable_audio_rope(length: int, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
     from diffusers.models.embeddings import get_1d_rotary_pos_embed
 
