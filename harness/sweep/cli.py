@@ -34,7 +34,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--hub-layers", type=int, default=None, help="layer cap for Hub models-list entries (default 2)")
     g.add_argument("--tolerances", default=None, help="YAML of per-entry numerics overrides")
     r = p.add_argument_group("how to run")
-    r.add_argument("--jobs", "-j", type=int, default=1, help="entries run at once (default 1)")
+    r.add_argument("--jobs", "-j", type=int, default=None,
+                   help="entries run at once (default: the CPU count, at most 4)")
     r.add_argument("--timeout", type=float, default=300.0,
                    help="seconds per entry and phase: building and the CPU runs, then each mode (default 300)")
     r.add_argument("--memory-cap", type=float, default=0.0, metavar="GB",
@@ -83,6 +84,8 @@ def build_options(args) -> "SweepOptions":  # noqa: F821
         compile_match(args.match)
     except SelectionError as exc:
         raise BadInput(str(exc)) from None
+    if args.jobs is None:
+        args.jobs = max(1, min(4, os.cpu_count() or 1))
     for name, value, low in (("--jobs", args.jobs, 1), ("--repeats", args.repeats, 0),
                              ("--max-entries-per-worker", args.max_entries_per_worker, 1)):
         if value < low:

@@ -229,12 +229,17 @@ def run_mode(mode: str, built, ref: dict, fp64: dict | None, opts: SweepOptions,
     return row
 
 
+_COMPILE_FRAMES = {"traced", "run", "to_jax_function", "_compiler", "tpu_backend", "with_precision"}
+
+
 def _during_compile(exc: BaseException) -> bool:
-    """A compiled first call failed inside the backend's compiler (a frame of hf_tpu's compile module)."""
-    tb = exc.__traceback__
-    while tb is not None:
-        name = tb.tb_frame.f_code.co_filename
-        if "hf_tpu" in name and "compil" in name:
-            return True
-        tb = tb.tb_next
+    """A compiled first call failed while the backend was building its program: a frame of hf_tpu's
+    compiler (tracing the graph into JAX) is on the traceback, not only the call of a finished program."""
+    for e in errors.chain(exc):
+        tb = e.__traceback__
+        while tb is not None:
+            code = tb.tb_frame.f_code
+            if "hf_tpu" in code.co_filename and "compile" in code.co_filename and code.co_name in _COMPILE_FRAMES:
+                return True
+            tb = tb.tb_next
     return False
