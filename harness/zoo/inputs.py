@@ -14,7 +14,7 @@ import torch
 BATCH = 2
 SEQ = 16
 DECODER_SEQ = 8
-WAVEFORM = 4000  # samples: enough frames for conv feature encoders with a total stride of ~320
+WAVEFORM = 16000  # samples (1 s at 16 kHz): ~50 frames after a conv feature encoder of stride ~320
 
 
 def _is_int(v: Any) -> bool:
@@ -103,7 +103,7 @@ def decoder_inputs(config: Any, g: torch.Generator) -> dict[str, Any]:
 def vision_inputs(config: Any, model_class: str, g: torch.Generator) -> dict[str, Any]:
     c, h, w = image_hw(config)
     frames = find(config, "num_frames")
-    if _is_int(frames) and ("Video" in model_class or "video" in getattr(config, "model_type", "")):
+    if _is_int(frames):  # video models name their clip length; their pixel_values are (batch, frames, c, h, w)
         return {"pixel_values": torch.randn(BATCH, int(frames), c, h, w, generator=g)}
     return {"pixel_values": torch.randn(BATCH, c, h, w, generator=g)}
 

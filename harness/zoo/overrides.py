@@ -33,6 +33,10 @@ RULES: dict[str, Rule] = {
     "shieldgemma2": Rule(config={"mm_tokens_per_image": 4}),
     "t5gemma2": Rule(config={"encoder": {"mm_tokens_per_image": 4}}),
     # MobileBERT's bottleneck widths are separate keys that must follow the shrunk hidden size.
+    # EfficientNet's last conv width is round_filters(1280) at the shrunk width coefficient, not hidden_dim.
+    "efficientnet": Rule(config={"hidden_dim": 320}),
+    # Griffin repeats block_types (recurrent, recurrent, attention): 3 layers keep one attention layer.
+    "recurrent_gemma": Rule(config={"num_hidden_layers": 3}),
     "mobilebert": Rule(config={"embedding_size": 64, "intra_bottleneck_size": 64, "true_hidden_size": 64}),
 }
 

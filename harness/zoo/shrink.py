@@ -55,7 +55,8 @@ R_HIDDEN = _rx(r"hidden_size", r"d_model", r"n_embd", r"embed_dim", r"dim", r"hi
                r".*_hidden_size", r".*_embed_dim", r".*_d_model", r"embedding_dim", r"n_embed",
                r"projection_hidden_size", r"q_lora_rank", r"kv_lora_rank", r"hidden_channels",
                r"mm_hidden_size", r"adapter_hidden_size", r"d_latents", r".*_hidden_dim", r".*_embedding_dim",
-               r"codebook_dim", r".*_projection_dim", r"hidden_size_.*", r"projection_size", r"proj_dim", r"d_state_hidden", r"latent_dim")
+               r"codebook_dim", r".*_projection_dim", r"hidden_size_.*", r"projection_size", r"lru_width",
+               r"upsample_initial_channel", r"xvector_output_dim", r"speech_decoder_postnet_units", r"proj_dim", r"d_state_hidden", r"latent_dim")
 R_INTERMEDIATE = _rx(r"intermediate_size", r"ffn_dim", r".*_ffn_dim", r"n_inner", r"d_ff", r"ffn_hidden_size",
                      r"mlp_dim", r"moe_intermediate_size", r"shared_expert_intermediate_size", r"d_inner",
                      r"feed_forward_size", r".*_intermediate_size", r"intermediate_dim", r"mlp_hidden_size",
@@ -65,7 +66,7 @@ R_EXPERTS = _rx(r"num_experts", r"num_local_experts", r"n_routed_experts", r"moe
                 r"n_experts", r"num_routed_experts")
 R_TOP_K = _rx(r"num_experts_per_tok", r"moe_topk", r"top_k", r"num_selected_experts", r"moe_k", r"n_group",
               r"topk_group", r"num_experts_per_token")
-R_VOCAB = _rx(r"vocab_size", r".*_vocab_size", r"vocab_size_.*", r"codebook_size", r"num_codes", r"n_codes", r"num_embeddings")
+R_VOCAB = _rx(r"vocab_size", r".*_vocab_size", r"vocab_size_.*", r".*_vocab", r"num_(bpe|wordpiece|character)_labels", r"codebook_size", r"num_codes", r"n_codes", r"num_embeddings")
 R_TOKEN_ID = re.compile(r".*(_token_id|_token_index|_token_ids|_token)$")
 R_POSITIONS = _rx(r"max_position_embeddings", r"max_target_positions", r"n_positions", r"n_ctx", r"max_seq_len",
                   r"max_sequence_length", r"seq_length", r"max_length", r"original_max_position_embeddings")
@@ -73,11 +74,14 @@ R_IMAGE = _rx(r"image_size", r"img_size", r"input_size", r"image_resolution")
 R_STAGE_WIDTHS = _rx(r"hidden_sizes", r"embed_dims", r"dims", r"embedding_sizes", r"channels", r"hidden_dims",
                      r"neck_hidden_sizes", r"encoder_hidden_sizes", r"conv_dim", r"block_out_channels",
                      r"stage_channels", r"widths", r"out_channels_list", r"decoder_hidden_sizes",
-                     r"encoder_hidden_dims")
+                     r"encoder_hidden_dims", r"tdnn_dim", r"embed_dim")
 R_STAGE_DEPTHS = _rx(r"depths", r"num_layers_per_stage", r"layers", r"block_layers", r"stage_depths",
-                     r"num_blocks_per_stage", r"block_repeats", r"encoder_layers_per_stage", r"stage_num_blocks")
+                     r"num_blocks_per_stage", r"block_repeats", r"encoder_layers_per_stage", r"stage_num_blocks",
+                     r"depth")
 R_STAGE_HEADS = _rx(r"num_heads", r"num_attention_heads", r"heads", r"attention_heads", r"encoder_attention_heads",
                     r"num_heads_per_stage")
+# Scaling factors of EfficientNet/MobileNet-style families (channel and repeat multipliers).
+_MULTIPLIERS = {"width_coefficient": 0.25, "depth_coefficient": 0.5, "width_multiplier": 0.25}
 # Lists whose length is a stage/feature count that must not be cut even if it equals the layer count.
 _KEEP_LENGTH = {"conv_kernel", "conv_stride", "out_features", "out_indices", "stage_names", "strides", "patch_sizes",
                 "kernel_sizes", "sr_ratios", "mlp_ratios", "depths", "lags_sequence", "aux_loss_indices"}
@@ -115,6 +119,10 @@ def _shrink_int(key: str, v: int, d: dict[str, Any], size: Size) -> int:
         patch = d.get("patch_size") if _is_int(d.get("patch_size")) and d["patch_size"] > 0 else 16
         # a whole number of patches (at least 2 per side), close to size.image
         return min(v, patch * max(2, size.image // patch))
+    if key in ("max_img_size",):
+        return min(v, size.image)
+    if key in ("num_frames", "visual_prompt_size") and v > 8:
+        return 8
     if key in ("num_queries", "num_query_tokens", "num_latents", "num_register_tokens") and v > 16:
         return 16
     if key == "max_source_positions":
@@ -193,6 +201,8 @@ def shrink_dict(d: dict[str, Any], size: Size = Size(), model_type: str | None =
             continue
         elif _is_int(v):
             d[k] = _shrink_int(k, v, old, size)
+        elif isinstance(v, float) and k in _MULTIPLIERS:
+            d[k] = min(v, _MULTIPLIERS[k])
         elif isinstance(v, (list, tuple)) and v and all(_is_int(x) for x in v):
             new = _shrink_int_list(k, list(v), size)
             if new is not None:
@@ -228,9 +238,19 @@ def _fix_layer_lists(d: dict[str, Any], old: dict[str, Any], old_layers: int | N
             d[k] = {str(n - 1).zfill(len(first)): sub}
     per_layer = [k for k, v in d.items() if isinstance(v, (list, tuple)) and len(v) == old_layers
                  and k not in _KEEP_LENGTH and not R_STAGE_WIDTHS.match(k) and not R_STAGE_HEADS.match(k)]
+    patterns = [k for k, v in d.items() if isinstance(v, str) and len(v) == old_layers and "pattern" in k]
     for k in per_layer:
         if all(isinstance(x, str) for x in d[k]):
             n = max(n, len(set(d[k])))
+    for k in patterns:  # "M-M*-M-" style hybrid patterns: one character per layer
+        n = max(n, len(set(d[k])))
+    for k in patterns:
+        d[k] = "".join(_cut_layer_list(list(d[k]), n))
+    for k, v in list(d.items()):
+        # explicit indices of the layers of one kind (attention layers of a Mamba hybrid): keep one, the last
+        if k.endswith("layer_indices") and isinstance(v, (list, tuple)) and v and all(_is_int(x) for x in v) \
+                and max(v) >= n:
+            d[k] = sorted({min(x, n - 1) for x in v})[-1:]
     for k in per_layer:
         cut = _cut_layer_list(list(d[k]), n)
         d[k] = cut if len(cut) == n else (cut + list(d[k])[len(cut):])[:n]
