@@ -22,24 +22,23 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 
-# name -> (modes, jobs, cache): cache "cold" = a fresh directory, "warm" = the directory the cold run filled
+# name -> (modes, jobs, cache): "cold" = a fresh HF_TPU_CACHE_DIR (which later "warm" runs reuse)
 CONFIGS = {
     "eager-j1": ("eager", 1, "warm"),
     "eager-j2": ("eager", 2, "warm"),
     "compiled-cold-j1": ("compiled", 1, "cold"),
     "compiled-warm-j1": ("compiled", 1, "warm"),
-    "compiled-cold-j2": ("compiled", 2, "cold2"),
-    "compiled-warm-j2": ("compiled", 2, "warm2"),
-    "both-warm-j2": ("eager,compiled", 2, "warm2"),
+    "compiled-cold-j2": ("compiled", 2, "cold"),
+    "compiled-warm-j2": ("compiled", 2, "warm"),
+    "both-warm-j2": ("eager,compiled", 2, "warm"),
 }
 
 
 def run_config(name: str, zoo: str, extra: list[str], work: Path, caches: dict[str, Path]) -> dict:
     modes, jobs, cache = CONFIGS[name]
-    key = {"cold": "1", "warm": "1", "cold2": "2", "warm2": "2"}[cache]
-    if cache.startswith("cold"):
-        caches[key] = Path(tempfile.mkdtemp(prefix=f"hf-tpu-cache-{key}-", dir=work))
-    cache_dir = caches.setdefault(key, Path(tempfile.mkdtemp(prefix=f"hf-tpu-cache-{key}-", dir=work)))
+    if cache == "cold" or "current" not in caches:
+        caches["current"] = Path(tempfile.mkdtemp(prefix="hf-tpu-cache-", dir=work))
+    cache_dir = caches["current"]
     out = work / name
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_TPU_CACHE_DIR": str(cache_dir)}
     cmd = [sys.executable, "-m", "harness", "sweep", "--zoo", zoo, "--modes", modes, "--jobs", str(jobs),
@@ -52,7 +51,7 @@ def run_config(name: str, zoo: str, extra: list[str], work: Path, caches: dict[s
     meta = json.loads((out / "run.json").read_text())
     n = meta["entries"]
     h = meta["headline"]
-    return {"config": name, "modes": modes, "jobs": jobs, "cache": cache.rstrip("2"), "entries": n, "wall_s": wall,
+    return {"config": name, "modes": modes, "jobs": jobs, "cache": cache, "entries": n, "wall_s": wall,
             "entries_per_min": 60.0 * n / wall, "crash_free": f"{h['crash_free']}/{h['counted']}",
             "numerics_match": f"{h['passed']}/{h['ran']}"}
 
@@ -62,6 +61,7 @@ def main() -> int:
     ap.add_argument("--zoo", default="smoke")
     ap.add_argument("--limit", type=int, default=None, help="only the first N entries of the zoo")
     ap.add_argument("--match", default=None)
+    ap.add_argument("--shard", default=None, metavar="i/N", help="a spread-out sample: shard i of N of the zoo")
     ap.add_argument("--configs", default=",".join(CONFIGS), help="comma-separated among " + ", ".join(CONFIGS))
     ap.add_argument("--full-zoo-size", type=int, default=None, help="entries in the full zoo (default: counted)")
     ap.add_argument("--keep", action="store_true", help="keep the sweep outputs and caches")
@@ -71,7 +71,8 @@ def main() -> int:
     unknown = [c for c in names if c not in CONFIGS]
     if unknown:
         ap.error(f"unknown configs {unknown}")
-    extra = (["--limit", str(args.limit)] if args.limit else []) + (["--match", args.match] if args.match else [])
+    extra = (["--limit", str(args.limit)] if args.limit else []) + (["--match", args.match] if args.match else []) \
+        + (["--shard", args.shard] if args.shard else [])
     full = args.full_zoo_size
     if full is None:
         try:
@@ -83,7 +84,7 @@ def main() -> int:
             full = 0
     work = Path(tempfile.mkdtemp(prefix="sweep-bench-"))
     results, caches = [], {}
-    print(f"sweep benchmark: zoo {args.zoo}{' limit ' + str(args.limit) if args.limit else ''}, "
+    print(f"sweep benchmark: zoo {args.zoo} {' '.join(extra)}, "
           f"{os.cpu_count()} CPUs, outputs in {work}", flush=True)
     for name in names:
         r = run_config(name, args.zoo, extra, work, caches)

@@ -97,8 +97,15 @@ def prepare_inputs(inputs: dict, device: str | None = None, dtype=None) -> dict:
     return _map_tensors(inputs, fn)
 
 
-def prepare_model(model, device: str | None = None, dtype=None):
-    m = copy.deepcopy(model)
+def prepare_model(model, device: str | None = None, dtype=None, rebuild: Callable | None = None):
+    """A copy of the model (the built one stays untouched on CPU), cast and moved. Where a model cannot be
+    deep-copied, `rebuild()` builds it again (entries are deterministic for a seed)."""
+    try:
+        m = copy.deepcopy(model)
+    except Exception:  # noqa: BLE001
+        if rebuild is None:
+            raise
+        m = rebuild()
     if dtype is not None:
         m = m.to(dtype)
     if device is not None:
@@ -143,13 +150,16 @@ def run_entry(entry, modes: tuple[str, ...], opts: SweepOptions, device: Device,
     low_precision = dtype != torch.float32
     call = built.call
 
+    def rebuild():
+        return entry.build(seed=opts.seed).model
+
     emit("phase", "baseline")
     torch.set_float32_matmul_precision("highest")
     base_dev = "cuda" if opts.baseline == "cuda" else None
     try:
         with torch.no_grad():
             torch.manual_seed(opts.seed)
-            bmodel = prepare_model(built.model, base_dev, dtype if low_precision else None) if (
+            bmodel = prepare_model(built.model, base_dev, dtype if low_precision else None, rebuild) if (
                 base_dev or low_precision) else built.model
             ref = to_cpu(output_tensors(call(bmodel, prepare_inputs(built.inputs, base_dev,
                                                                       dtype if low_precision else None))))
@@ -163,7 +173,7 @@ def run_entry(entry, modes: tuple[str, ...], opts: SweepOptions, device: Device,
         try:
             with torch.no_grad():
                 torch.manual_seed(opts.seed)
-                rmodel = prepare_model(built.model, None, torch.float64)
+                rmodel = prepare_model(built.model, None, torch.float64, rebuild)
                 fp64 = to_cpu(output_tensors(call(rmodel, prepare_inputs(built.inputs, None, torch.float64))))
             del rmodel
         except Exception:  # noqa: BLE001  (no fp64 reference: allclose alone decides)
@@ -171,11 +181,12 @@ def run_entry(entry, modes: tuple[str, ...], opts: SweepOptions, device: Device,
 
     for mode in modes:
         emit("phase", mode)
-        emit("row", {**rows[mode], **run_mode(mode, built, ref, fp64, opts, device, tol, dtype if low_precision else None)})
+        emit("row", {**rows[mode], **run_mode(mode, built, ref, fp64, opts, device, tol,
+                                              dtype if low_precision else None, rebuild)})
 
 
 def run_mode(mode: str, built, ref: dict, fp64: dict | None, opts: SweepOptions, device: Device,
-             tol: numerics.Tolerance, dtype=None) -> dict:
+             tol: numerics.Tolerance, dtype=None, rebuild: Callable | None = None) -> dict:
     import torch
 
     device.reset_stats()
@@ -183,7 +194,7 @@ def run_mode(mode: str, built, ref: dict, fp64: dict | None, opts: SweepOptions,
     row: dict = {}
     phase = "run"
     try:
-        model = prepare_model(built.model, device.name, dtype)
+        model = prepare_model(built.model, device.name, dtype, rebuild)
         fn = built.call
         if mode == "compiled":
             import torch._dynamo

@@ -248,7 +248,19 @@ def run_task_blocking(worker_factory, worker: Worker | None, task: Task, opts: S
 
 
 # ----------------------------------------------------------------------------------------------- child side
+def _die_with_parent() -> None:
+    """Linux: the kernel kills this worker when the sweep that started it dies (even by kill -9)."""
+    try:
+        import ctypes
+        import signal
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except Exception:  # noqa: BLE001
+        pass
+
+
 def _child_main(rfd: int, wfd: int) -> None:
+    _die_with_parent()
     conn_in = Connection(rfd, writable=False)
     conn_out = Connection(wfd, readable=False)
     try:
