@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import operator
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -26,12 +27,14 @@ _stats = {"graphs": 0, "compilations": 0, "cache_hits": 0, "cache_misses": 0}
 _listener_installed = False
 
 
-def stats() -> dict[str, int]:
-    """Graphs captured, XLA compilations (jit traces), persistent-cache hits and Dynamo graph breaks."""
+def stats() -> dict[str, Any]:
+    """Graphs captured, XLA compilations (jit traces), persistent-cache hits and misses, Dynamo graph
+    breaks, and seconds spent in AOTAutograd (`aot_s`) and in tracing plus XLA compilation (`xla_s`)."""
     from torch._dynamo.utils import counters
 
     with _stats_lock:
-        out = dict(_stats)
+        out: dict[str, Any] = dict(_stats)
+        out.update({k: round(v, 4) for k, v in _times.items()})
     out["graph_breaks"] = sum(counters["graph_break"].values())
     return out
 
@@ -42,7 +45,17 @@ def reset_stats() -> None:
     with _stats_lock:
         for k in _stats:
             _stats[k] = 0
+        for k in _times:
+            _times[k] = 0.0
     counters["graph_break"].clear()
+
+
+_times = {"aot_s": 0.0, "xla_s": 0.0}
+
+
+def _bump_time(key: str, seconds: float) -> None:
+    with _stats_lock:
+        _times[key] += seconds
 
 
 def _bump(key: str, n: int = 1) -> None:
@@ -149,7 +162,11 @@ def _compiler(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable[.
             else:
                 jargs.append(a)
         args.clear()  # boxed calling convention: let inputs be freed early
+        before = _stats["compilations"]
+        start = time.perf_counter()
         out = get(precision.current())(*jargs)
+        if _stats["compilations"] != before:  # this call traced and compiled (or loaded) a program
+            _bump_time("xla_s", time.perf_counter() - start)
         leaves, spec = pytree.tree_flatten(out)
         res = []
         for x, dt in zip(leaves, out_dtypes + [None] * (len(leaves) - len(out_dtypes))):
@@ -189,6 +206,10 @@ def tpu_backend(gm: torch.fx.GraphModule, example_inputs: list[Any], **kwargs: A
 
     dconfig.automatic_dynamic_shapes = False  # TPU programs have static shapes
     _bump("graphs")
-    return aot_autograd(fw_compiler=_compiler, bw_compiler=_compiler, decompositions=_decompositions())(
-        gm, example_inputs, **kwargs
-    )
+    start = time.perf_counter()
+    try:
+        return aot_autograd(fw_compiler=_compiler, bw_compiler=_compiler, decompositions=_decompositions())(
+            gm, example_inputs, **kwargs
+        )
+    finally:
+        _bump_time("aot_s", time.perf_counter() - start)
