@@ -158,6 +158,11 @@ def build_inputs(model: torch.nn.Module, config: Any, model_class: str, seed: in
         out.update(decoder_inputs(config, g))
     if "pixel_values" in params and "image_grid_thw" in params:
         out.update(grid_vision_inputs(config, g))
+    elif "grid_thw" in params and ("hidden_states" in params or "pixel_values" in params):
+        # a Qwen-VL-style vision tower on its own: flattened patches and their grid
+        grid = grid_vision_inputs(config, g)
+        key = "hidden_states" if "hidden_states" in params else "pixel_values"
+        out.update({key: grid["pixel_values"], "grid_thw": grid["image_grid_thw"]})
     elif "pixel_values" in params:
         out.update(vision_inputs(config, model_class, g))
     if "pixel_values_videos" in params and "pixel_values" not in params:

@@ -37,6 +37,11 @@ RULES: dict[str, Rule] = {
     "efficientnet": Rule(config={"hidden_dim": 320}),
     # Griffin repeats block_types (recurrent, recurrent, attention): 3 layers keep one attention layer.
     "recurrent_gemma": Rule(config={"num_hidden_layers": 3}),
+    # Bamba's default has no attention layer at all, and a cache of only Mamba layers cannot report its length.
+    "bamba": Rule(config={"attn_layer_indices": [1]}),
+    # Jamba places attention every attn_layer_period layers from attn_layer_offset (8 and 4): none in 2 layers.
+    "jamba": Rule(config={"attn_layer_period": 2, "attn_layer_offset": 1, "expert_layer_period": 2,
+                          "expert_layer_offset": 1}),
     "mobilebert": Rule(config={"embedding_size": 64, "intra_bottleneck_size": 64, "true_hidden_size": 64}),
 }
 
