@@ -42,6 +42,8 @@ RULES: dict[str, Rule] = {
     # Jamba places attention every attn_layer_period layers from attn_layer_offset (8 and 4): none in 2 layers.
     "jamba": Rule(config={"attn_layer_period": 2, "attn_layer_offset": 1, "expert_layer_period": 2,
                           "expert_layer_offset": 1}),
+    # ESM's vocabulary comes from its tokenizer (33 amino-acid tokens); the config default is None.
+    "esm": Rule(config={"vocab_size": 33, "pad_token_id": 1, "mask_token_id": 32}),
     "mobilebert": Rule(config={"embedding_size": 64, "intra_bottleneck_size": 64, "true_hidden_size": 64}),
 }
 

@@ -213,6 +213,8 @@ def shrink_dict(d: dict[str, Any], size: Size = Size(), model_type: str | None =
     _fix_heads(d, old)
     if _top:
         _fix_token_ids(d)
+    if "prediction_length" in d and d["prediction_length"] is None:
+        d["prediction_length"] = 8  # forecasting heads refuse to exist without a horizon
     if "pad_token_id" in d and d["pad_token_id"] is None and _is_int(d.get("vocab_size")):
         d["pad_token_id"] = 0  # sequence classification over a batch needs a pad token
     if _is_int(d.get("window_size")) and _is_int(d.get("patch_size")) and "image_size" in d and d["window_size"] > 2:
@@ -287,6 +289,10 @@ def _fix_out_indices(d: dict[str, Any], old: dict[str, Any], old_layers: int | N
     d["out_features"] = [f"stage{i}" for i in d["out_indices"]]
 
 
+def old_hidden_of(old: dict[str, Any]) -> int:
+    return next((old[k] for k in ("hidden_size", "d_model") if _is_int(old.get(k))), 0)
+
+
 def _fix_heads(d: dict[str, Any], old: dict[str, Any]) -> None:
     hidden = next((d[k] for k in ("hidden_size", "d_model", "n_embd", "embed_dim", "dim") if _is_int(d.get(k))), None)
     heads_key = next((k for k in ("num_attention_heads", "n_head", "n_heads", "num_heads", "encoder_attention_heads")
@@ -300,6 +306,8 @@ def _fix_heads(d: dict[str, Any], old: dict[str, Any]) -> None:
             if _is_int(d.get(k)):
                 d[k] = heads
         old_hidden = next((old[k] for k in ("hidden_size", "d_model", "n_embd", "embed_dim", "dim") if _is_int(old.get(k))), 0)
+        if _is_int(d.get("d_head")) and _is_int(old.get("d_head")) and old["d_head"] * old[heads_key] == old_hidden:
+            d["d_head"] = hidden // heads
         if "head_dim" in d and d["head_dim"] is None:
             d["head_dim"] = hidden // heads  # some classes leave it None and never derive it
         # A head_dim that was hidden/heads must stay so (many attention impls assume it).
@@ -314,10 +322,18 @@ def _fix_heads(d: dict[str, Any], old: dict[str, Any]) -> None:
                     kv -= 1
                 d[kv_key] = kv
     _fix_mrope(d)
+    if all(_is_int(d.get(k)) and _is_int(old.get(k)) for k in ("num_heads", "head_dim", "expand")) and hidden and \
+            old["num_heads"] * old["head_dim"] == old["expand"] * old_hidden_of(old):
+        d["head_dim"] = max(1, d["expand"] * hidden // d["num_heads"])  # Mamba-2: heads tile expand * hidden
+    for groups_key, heads_of in (("n_groups", "num_heads"), ("mamba_n_groups", "mamba_n_heads")):
+        if _is_int(d.get(groups_key)) and _is_int(d.get(heads_of)):
+            g = min(d[groups_key], d[heads_of])  # SSM groups must divide the SSM heads
+            while g > 1 and d[heads_of] % g:
+                g -= 1
+            d[groups_key] = g
     mamba = ("mamba_n_heads", "mamba_d_head", "mamba_expand")
-    old_hidden = next((old[k] for k in ("hidden_size", "d_model") if _is_int(old.get(k))), 0)
     if all(_is_int(d.get(k)) and _is_int(old.get(k)) for k in mamba) and hidden and \
-            old["mamba_n_heads"] * old["mamba_d_head"] == old["mamba_expand"] * old_hidden:
+            old["mamba_n_heads"] * old["mamba_d_head"] == old["mamba_expand"] * old_hidden_of(old):
         # Mamba-2 heads must tile the expanded inner size
         d["mamba_d_head"] = max(1, d["mamba_expand"] * hidden // d["mamba_n_heads"])
     if all(_is_int(d.get(k)) for k in ("qk_head_dim", "qk_nope_head_dim", "qk_rope_head_dim")) and \
@@ -339,7 +355,8 @@ def _fix_mrope(d: dict[str, Any]) -> None:
         head_dim = hidden // heads if _is_int(hidden) and _is_int(heads) and heads else None
     for key in ("rope_parameters", "rope_scaling"):
         rope = d.get(key)
-        if isinstance(rope, dict) and "mrope_section" not in rope and head_dim and _uses_mrope(d.get("model_type")):
+        if isinstance(rope, dict) and rope and "mrope_section" not in rope and head_dim and \
+                _uses_mrope(d.get("model_type")):
             rope = {**rope, "mrope_section": [1, 1, 1]}  # the model's built-in default assumes a 128 head dim
         if not (isinstance(rope, dict) and isinstance(rope.get("mrope_section"), list) and head_dim):
             continue

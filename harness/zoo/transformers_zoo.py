@@ -95,5 +95,7 @@ def finish(entry: ZooEntry, model: torch.nn.Module, config: Any, seed: int, n: i
 
 def build(entry: ZooEntry, seed: int = 0) -> BuiltEntry:
     config = tiny_config(entry.model_type)
+    if entry.model_class.endswith("ForCTC") and getattr(config, "vocab_size", None) is None:
+        config.vocab_size = 32  # CTC heads need an output alphabet; base configs leave it to the tokenizer
     model, n = instantiate(model_class(entry.model_class), config, seed)
     return finish(entry, model, model.config, seed, n)
