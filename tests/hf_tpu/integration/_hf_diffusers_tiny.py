@@ -58,10 +58,11 @@ def sd_call() -> dict[str, Any]:
 
 
 def ddpm() -> Any:
+    """UNet2DModel with the SD UNet's channels and latent size, so its eager ops reuse the same programs."""
     df = _df()
     torch.manual_seed(0)
-    unet = df.UNet2DModel(sample_size=16, in_channels=3, out_channels=3, layers_per_block=1, block_out_channels=(8, 16),
-                          norm_num_groups=4, down_block_types=("DownBlock2D", "AttnDownBlock2D"),
+    unet = df.UNet2DModel(sample_size=8, in_channels=4, out_channels=4, layers_per_block=1, block_out_channels=(16, 32),
+                          norm_num_groups=8, down_block_types=("DownBlock2D", "AttnDownBlock2D"),
                           up_block_types=("AttnUpBlock2D", "UpBlock2D"))
     pipe = df.DDPMPipeline(unet=unet, scheduler=df.DDPMScheduler(num_train_timesteps=10))
     pipe.set_progress_bar_config(disable=True)

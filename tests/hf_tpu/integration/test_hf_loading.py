@@ -61,13 +61,21 @@ def test_device_map_forms(device_map, model_dir, highest):
     assert all_on_tpu(model) and model.device == torch.device("tpu", 0)
 
 
-def test_bfloat16(model_dir):
+def test_bfloat16_load(model_dir):
+    import transformers
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(model_dir("ForCausalLM"), device_map="tpu",
+                                                              dtype=torch.bfloat16)
+    assert all_on_tpu(model)
+    assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
+
+
+@pytest.mark.slow
+def test_bfloat16_forward(model_dir):
     import transformers
 
     path = model_dir("ForCausalLM")
     model = transformers.AutoModelForCausalLM.from_pretrained(path, device_map="tpu", dtype=torch.bfloat16)
-    assert all_on_tpu(model)
-    assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
     cpu = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16)
     ids = torch.randint(3, 99, (1, 7), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():

@@ -37,11 +37,20 @@ def test_auto_device_map_counts_the_tpu(llama_dir):
     small = transformers.AutoModelForCausalLM.from_pretrained(
         llama_dir, device_map="auto", max_memory={0: 50_000, "cpu": 10**9})  # ints: Transformers 5.24 min()s str and int
     assert set(small.hf_device_map.values()) == {0, "cpu"}  # 0 is torch.device(0), i.e. tpu:0
+
+
+@pytest.mark.slow
+def test_auto_device_map_with_cpu_offload_runs(llama_dir):
+    import transformers
+
+    full = transformers.AutoModelForCausalLM.from_pretrained(llama_dir, device_map="tpu")
+    small = transformers.AutoModelForCausalLM.from_pretrained(
+        llama_dir, device_map="auto", max_memory={0: 50_000, "cpu": 10**9})
     ids = torch.randint(3, 99, (1, 5), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         out = small(ids.to("tpu")).logits
     assert out.device.type == "tpu"
-    assert torch.allclose(out.cpu(), model(ids.to("tpu")).logits.cpu(), rtol=1e-2, atol=1e-2)
+    assert torch.allclose(out.cpu(), full(ids.to("tpu")).logits.cpu(), rtol=1e-2, atol=1e-2)
 
 
 # ------------------------------------------------------------------------------- tpu_unavailable_error

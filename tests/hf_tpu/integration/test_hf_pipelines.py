@@ -24,7 +24,7 @@ def bert_dir(tmp_path_factory):
 def test_text_generation_pipeline_on_tpu(gpt2_dir, highest):
     from transformers import pipeline
 
-    kw = dict(max_new_tokens=8, min_new_tokens=8, do_sample=False)
+    kw = dict(max_new_tokens=4, min_new_tokens=4, do_sample=False)
     pipe = pipeline("text-generation", model=str(gpt2_dir), device="tpu")
     assert pipe.device.type == "tpu" and pipe.model.device.type == "tpu"
     out = pipe("hello cat", **kw)[0]["generated_text"]
