@@ -199,8 +199,9 @@ _PLACEHOLDER = re.compile(r"(Image|Video|Audio) features and \w+ tokens do not m
 
 
 def placeholder_id(config: Any, kind: str) -> int | None:
+    subs = [v for v in vars(config).values() if hasattr(v, "to_dict") and hasattr(v, "model_type")]
     for key in (f"{kind}_token_id", f"{kind}_token_index"):
-        for c in (config, text_config(config)):
+        for c in (config, text_config(config), *subs):
             v = getattr(c, key, None)
             if _is_int(v):
                 return v
@@ -224,6 +225,8 @@ def fit_placeholders(model: torch.nn.Module, config: Any, inputs: dict[str, Any]
             if m and m.group(2) == "0":
                 token = placeholder_id(config, m.group(1).lower())
                 count = int(m.group(3))
+                if m.group(1) == "Image":
+                    count = _image_feature_rows(model, inputs) or count
                 if token is None or count % BATCH:
                     return inputs
                 inputs = _prefix_tokens(inputs, token, count // BATCH)
@@ -238,6 +241,28 @@ def fit_placeholders(model: torch.nn.Module, config: Any, inputs: dict[str, Any]
                 continue
             return inputs
     return inputs
+
+
+def _image_feature_rows(model: torch.nn.Module, inputs: dict[str, Any]) -> int | None:
+    """Rows of image features the model will scatter into placeholders, asked of `get_image_features`
+    (some models' mismatch message reports elements, not rows)."""
+    get = getattr(model, "get_image_features", None) or getattr(getattr(model, "model", None), "get_image_features", None)
+    if get is None:
+        return None
+    params = inspect.signature(get).parameters
+    kwargs = {k: v for k, v in inputs.items() if k in params and k != "input_ids"}
+    try:
+        with torch.no_grad():
+            out = get(**kwargs)
+    except Exception:
+        return None
+    feats = getattr(out, "pooler_output", None)
+    if feats is None:
+        feats = getattr(out, "last_hidden_state", out)
+    tensors = feats if isinstance(feats, (list, tuple)) else [feats]
+    if not tensors or not all(isinstance(t, torch.Tensor) and t.dim() >= 2 for t in tensors):
+        return None
+    return sum(t.numel() // t.shape[-1] for t in tensors)
 
 
 def _token_types(config: Any, ids: torch.Tensor) -> torch.Tensor:

@@ -210,6 +210,7 @@ def shrink_dict(d: dict[str, Any], size: Size = Size(), model_type: str | None =
 
     _fix_layer_lists(d, old, old_layers, size)
     _fix_out_indices(d, old, old_layers)
+    _fix_feature_layers(d)
     _fix_heads(d, old)
     if _top:
         _fix_token_ids(d)
@@ -291,6 +292,24 @@ def _fix_out_indices(d: dict[str, Any], old: dict[str, Any], old_layers: int | N
 
 def old_hidden_of(old: dict[str, Any]) -> int:
     return next((old[k] for k in ("hidden_size", "d_model") if _is_int(old.get(k))), 0)
+
+
+def _fix_feature_layers(d: dict[str, Any]) -> None:
+    """`vision_feature_layer(s)` index the vision tower's hidden states (layers + 1 of them): keep them valid."""
+    vision = d.get("vision_config")
+    n = vision.get("num_hidden_layers") if isinstance(vision, dict) else None
+    if not _is_int(n):
+        return
+
+    def clamp(x: int) -> int:
+        return max(x, -(n + 1)) if x < 0 else min(x, n)
+
+    for key in ("vision_feature_layer", "vision_feature_layers"):
+        v = d.get(key)
+        if _is_int(v):
+            d[key] = clamp(v)
+        elif isinstance(v, list) and v and all(_is_int(x) for x in v):
+            d[key] = [clamp(x) for x in v]
 
 
 def _fix_heads(d: dict[str, Any], old: dict[str, Any]) -> None:
