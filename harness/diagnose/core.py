@@ -181,6 +181,8 @@ def diagnose_built(built, entry_id: str, mode: str = "eager", *, out_dir: str | 
     tdtype = _dtype(dtype)
     low = tdtype != torch.float32
     out_dir = Path(out_dir) if out_dir else None
+    if out_dir is not None:
+        out_dir.mkdir(parents=True, exist_ok=True)
 
     # CPU baseline and float64 reference, with every module's inputs and outputs
     torch.set_float32_matmul_precision("highest")
