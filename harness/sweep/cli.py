@@ -51,6 +51,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     o.add_argument("--out", default=None, help="output directory (default reports/<run-id>)")
     o.add_argument("--resume", action="store_true", help="finish an interrupted run in --out (default: the latest in reports/)")
     o.add_argument("--progress", default="auto", choices=("auto", "bar", "lines", "none"))
+    o.add_argument("--diagnose", action="store_true",
+                   help="for each failing row, locate the first module and ATen op that go wrong and write a repro "
+                        "(fills located_module, located_op, repro_path; reports in <out>/diagnose/)")
 
 
 class BadInput(ValueError):
@@ -121,7 +124,8 @@ def build_options(args) -> "SweepOptions":  # noqa: F821
     opts = SweepOptions(**{**base, **given}, jobs=args.jobs, timeout=args.timeout, memory_cap_gb=args.memory_cap,
                         repeats=args.repeats, max_entries_per_worker=args.max_entries_per_worker,
                         executor=args.executor, ray_address=args.ray_address, tolerances=args.tolerances,
-                        out=str(out), run_id=run_id, resume=args.resume, progress=args.progress)
+                        out=str(out), run_id=run_id, resume=args.resume, progress=args.progress,
+                        diagnose=getattr(args, "diagnose", False))
     if opts.tolerances is not None and not os.path.isfile(opts.tolerances):
         raise BadInput(f"--tolerances: no such file {opts.tolerances!r}")
     return opts

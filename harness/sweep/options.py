@@ -47,6 +47,7 @@ class SweepOptions:
     run_id: str = ""
     resume: bool = False
     progress: str = "auto"
+    diagnose: bool = False  # locate each failing row's module and op, write a repro (harness.diagnose)
     env: dict = field(default_factory=dict)  # extra environment for workers
 
     def selection(self) -> dict:

@@ -181,8 +181,23 @@ def run_entry(entry, modes: tuple[str, ...], opts: SweepOptions, device: Device,
 
     for mode in modes:
         emit("phase", mode)
-        emit("row", {**rows[mode], **run_mode(mode, built, ref, fp64, opts, device, tol,
-                                              dtype if low_precision else None, rebuild)})
+        row = {**rows[mode], **run_mode(mode, built, ref, fp64, opts, device, tol, dtype if low_precision else None,
+                                        rebuild)}
+        if getattr(opts, "diagnose", False) and opts.device == "tpu" and row.get("status") in DIAGNOSED:
+            row.update(diagnose(entry, built, mode, opts, ref, fp64, overrides))
+        emit("row", row)
+
+
+DIAGNOSED = ("fail_accuracy", "fail_to_run", "compile_fail")
+
+
+def diagnose(entry, built, mode: str, opts: SweepOptions, ref: dict, fp64: dict | None, overrides) -> dict:
+    """`--diagnose`: located_module, located_op and repro_path for a failing row (harness.diagnose; never raises)."""
+    try:
+        from harness.diagnose import diagnose_row
+    except ImportError:
+        return {}
+    return diagnose_row(entry, built, mode, opts, ref=ref, fp64=fp64, overrides=overrides)
 
 
 def run_mode(mode: str, built, ref: dict, fp64: dict | None, opts: SweepOptions, device: Device,
