@@ -109,6 +109,10 @@ def vision_inputs(config: Any, model_class: str, g: torch.Generator) -> dict[str
 
 
 def audio_values(config: Any, g: torch.Generator) -> dict[str, Any]:
+    mel, frames = find(config, "num_mel_bins"), find(config, "max_length")
+    if _is_int(mel) and _is_int(frames):
+        # spectrogram transformers (AST) take (batch, frames, mel bins) as input_values
+        return {"input_values": torch.randn(BATCH, frames, mel, generator=g)}
     return {"input_values": torch.randn(BATCH, WAVEFORM, generator=g)}
 
 
@@ -122,7 +126,8 @@ def audio_features(config: Any, g: torch.Generator) -> dict[str, Any]:
     if per_channel:
         channels = find(config, "input_channels") or 1
         return {"input_features": torch.randn(BATCH, 64, per_channel * channels, generator=g)}
-    size = find(config, "feature_size") or mel or 80
+    # w2v-BERT-style encoders stack frames: their projection input is a multiple of feature_size
+    size = find(config, "feature_projection_input_dim") or find(config, "feature_size") or mel or 80
     return {"input_features": torch.randn(BATCH, 64, size, generator=g)}
 
 
