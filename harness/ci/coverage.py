@@ -129,22 +129,42 @@ def normalise_message(msg: str, limit: int = 160) -> str:
     return s if len(s) <= limit else s[: limit - 1] + "…"
 
 
-CRASH_COLUMNS = ["failing_op", "error_type", "message", "entries", "rows", "statuses", "modes", "examples"]
+CRASH_COLUMNS = ["failing_op", "error_type", "message", "entries", "rows", "statuses", "modes", "examples",
+                 "located_op", "located_modules"]
+
+
+def _located(df: pd.DataFrame, col: str) -> pd.Series:
+    """A diagnose column (`hf-tpu sweep --diagnose`), '' where absent or not diagnosed."""
+    if col not in df.columns:
+        return pd.Series([""] * len(df), index=df.index, dtype=object)
+    s = df[col].fillna("").astype(str)
+    return s.where(~s.str.startswith("<diagnose"), "")
+
+
+def _modules(g: pd.DataFrame, n: int = 3) -> str:
+    mods = [m for m in g["_module"].value_counts().index if m]
+    return ", ".join(mods[:n]) + (f", … (+{len(mods) - n})" if len(mods) > n else "")
 
 
 def crash_table(df: pd.DataFrame, examples: int = 3) -> pd.DataFrame:
-    """Run failures (schema.RUN_FAILURES) grouped by root cause = (failing_op, error_type, normalised
-    message), sorted by distinct entries affected (then rows). `examples` entry ids are listed per group."""
+    """Run failures (schema.RUN_FAILURES) grouped by root cause = (op, error_type, normalised message), where
+    op is the row's located_op when `hf-tpu sweep --diagnose` found one, else its failing_op; sorted by distinct
+    entries affected (then rows). `examples` entry ids are listed per group, with the located op and the
+    modules it was called from (most frequent first)."""
     f = df[df["status"].isin(schema.RUN_FAILURES)].copy()
     if f.empty:
         return pd.DataFrame(columns=CRASH_COLUMNS)
     f["message"] = f["error_message"].map(normalise_message)
+    f["_located"] = _located(f, "located_op")
+    f["_module"] = _located(f, "located_module")
+    f["_op"] = f["_located"].where(f["_located"] != "", f["failing_op"])
     out = []
-    for (op, et, msg), g in f.groupby(["failing_op", "error_type", "message"], sort=False):
+    for (_, et, msg), g in f.groupby(["_op", "error_type", "message"], sort=False):
         ids = sorted(g["entry_id"].unique())
+        ops = list(dict.fromkeys(g["failing_op"]))
         out.append(
             {
-                "failing_op": op,
+                "failing_op": ops[0] if len(ops) == 1 else ", ".join(o for o in ops if o),
                 "error_type": et,
                 "message": msg,
                 "entries": len(ids),
@@ -152,6 +172,8 @@ def crash_table(df: pd.DataFrame, examples: int = 3) -> pd.DataFrame:
                 "statuses": ", ".join(sorted(g["status"].unique())),
                 "modes": ", ".join(m for m in schema.MODES if m in set(g["mode"])),
                 "examples": ", ".join(ids[:examples]) + (f", … (+{len(ids) - examples})" if len(ids) > examples else ""),
+                "located_op": ", ".join(o for o in dict.fromkeys(g["_located"]) if o),
+                "located_modules": _modules(g),
             }
         )
     t = pd.DataFrame(out, columns=CRASH_COLUMNS)
@@ -174,6 +196,8 @@ NUMERICS_COLUMNS = [
     "max_rel_err",
     "cosine",
     "rmse_ratio",
+    "located_module",
+    "located_op",
 ]
 
 
@@ -183,6 +207,8 @@ def worst_numerics(df: pd.DataFrame, n: int = 20) -> pd.DataFrame:
     r = df[df["status"].isin(RAN)]
     metrics = ["max_abs_err", "max_rel_err", "cosine", "rmse_ratio"]
     r = r[r[metrics].notna().any(axis=1)].copy()
+    r["located_module"] = _located(r, "located_module")
+    r["located_op"] = _located(r, "located_op")
     r["_fail"] = r["status"] == "fail_accuracy"
     r = r.sort_values(
         ["_fail", "rmse_ratio", "max_rel_err", "cosine", "entry_id", "mode"],
@@ -191,6 +217,41 @@ def worst_numerics(df: pd.DataFrame, n: int = 20) -> pd.DataFrame:
         kind="stable",
     )
     return r[NUMERICS_COLUMNS].head(n).reset_index(drop=True)
+
+
+NUMERICS_BY_OP_COLUMNS = ["located_op", "entries", "rows", "max_rel_err", "cosine", "modes", "located_modules",
+                          "examples"]
+
+
+def numerics_by_op(df: pd.DataFrame, examples: int = 3) -> pd.DataFrame:
+    """`fail_accuracy` rows grouped by the ATen op `hf-tpu sweep --diagnose` located ('' = not located: no
+    diagnosis, or no single op differs on the same inputs), sorted by distinct entries affected; the worst max
+    relative error and lowest cosine of each group, and the modules the op was called from."""
+    f = df[df["status"] == "fail_accuracy"].copy()
+    if f.empty:
+        return pd.DataFrame(columns=NUMERICS_BY_OP_COLUMNS)
+    f["_op"] = _located(f, "located_op")
+    f["_module"] = _located(f, "located_module")
+    out = []
+    for op, g in f.groupby("_op", sort=False):
+        ids = sorted(g["entry_id"].unique())
+        out.append(
+            {
+                "located_op": op,
+                "entries": len(ids),
+                "rows": len(g),
+                "max_rel_err": g["max_rel_err"].max(),
+                "cosine": g["cosine"].min(),
+                "modes": ", ".join(m for m in schema.MODES if m in set(g["mode"])),
+                "located_modules": _modules(g),
+                "examples": ", ".join(ids[:examples]) + (f", … (+{len(ids) - examples})" if len(ids) > examples else ""),
+            }
+        )
+    t = pd.DataFrame(out, columns=NUMERICS_BY_OP_COLUMNS)
+    t["_unlocated"] = t["located_op"] == ""
+    t = t.sort_values(["_unlocated", "entries", "rows", "located_op"], ascending=[True, False, False, True],
+                      kind="stable")
+    return t.drop(columns="_unlocated").reset_index(drop=True)
 
 
 def coverage_markdown(df: pd.DataFrame, worst: int = 20) -> str:
@@ -219,22 +280,40 @@ def coverage_markdown(df: pd.DataFrame, worst: int = 20) -> str:
     if ct.empty:
         lines.append("None.")
     else:
-        lines += ["| entries | rows | failing op | error | message | statuses | examples |", "|---:|---:|---|---|---|---|---|"]
+        located = bool((ct["located_op"] != "").any() or (ct["located_modules"] != "").any())
+        extra_h, extra_s = (" located op | modules |", "---|---|") if located else ("", "")
+        lines += [f"| entries | rows | failing op | error | message | statuses | examples |{extra_h}",
+                  f"|---:|---:|---|---|---|---|---|{extra_s}"]
         for _, r in ct.iterrows():
+            extra = f" {_md(r['located_op'])} | {_md(r['located_modules'])} |" if located else ""
             lines.append(
                 f"| {r['entries']} | {r['rows']} | {_md(r['failing_op'])} | {_md(r['error_type'])} | {_md(r['message'])} "
-                f"| {r['statuses']} | {_md(r['examples'])} |"
+                f"| {r['statuses']} | {_md(r['examples'])} |{extra}"
+            )
+    nb = numerics_by_op(df)
+    if not nb.empty and (nb["located_op"] != "").any():
+        lines += ["", f"## Accuracy failures by located op ({len(nb)})", "",
+                  "| entries | rows | located op | worst max rel | lowest cosine | modes | modules | examples |",
+                  "|---:|---:|---|---:|---:|---|---|---|"]
+        for _, r in nb.iterrows():
+            lines.append(
+                f"| {r['entries']} | {r['rows']} | {_md(r['located_op'] or '(not located)')} | {fmt_num(r['max_rel_err'])} "
+                f"| {fmt_num(r['cosine'], 6, fixed=True)} | {r['modes']} | {_md(r['located_modules'])} "
+                f"| {_md(r['examples'])} |"
             )
     wn = worst_numerics(df, worst)
     lines += ["", f"## Worst numerics (top {len(wn)})", ""]
     if wn.empty:
         lines.append("None.")
     else:
-        lines += ["| entry | mode | status | max abs | max rel | cosine | rmse ratio |", "|---|---|---|---:|---:|---:|---:|"]
+        located = bool((wn["located_op"] != "").any() or (wn["located_module"] != "").any())
+        lines += ["| entry | mode | status | max abs | max rel | cosine | rmse ratio |" + (" located op | module |" if located else ""),
+                  "|---|---|---|---:|---:|---:|---:|" + ("---|---|" if located else "")]
         for _, r in wn.iterrows():
             lines.append(
                 f"| `{r['entry_id']}` | {r['mode']} | {r['status']} | {fmt_num(r['max_abs_err'])} "
                 f"| {fmt_num(r['max_rel_err'])} | {fmt_num(r['cosine'], 6, fixed=True)} | {fmt_num(r['rmse_ratio'])} |"
+                + (f" {_md(r['located_op'])} | {_md(r['located_module'])} |" if located else "")
             )
     return "\n".join(lines) + "\n"
 

@@ -73,8 +73,8 @@ class Diagnosis:
 
     def row_fields(self) -> dict:
         """The results.csv columns diagnose fills."""
-        return {"located_module": self.located_module or ("<model>" if self.located_op and not self.located_module
-                                                          else ""),
+        found = self.located_op or self.module_class
+        return {"located_module": self.located_module or ("<model>" if found else ""),
                 "located_op": self.located_op, "repro_path": self.repro_path}
 
 
@@ -334,13 +334,24 @@ def _locate_divergence(d: Diagnosis, cpu_rec, t_rec, fp64_rec, tol, cpu_model, o
 
 
 def _module_repro(d: Diagnosis, module, args, kwargs, out_dir: Path, mode: str) -> None:
+    """The module pickled with its recorded inputs; when it cannot be pickled (a class defined in a function),
+    a script that rebuilds the whole entry from the zoo and compares its outputs."""
     try:
         d.repro_path = str(R.write_module_repro(out_dir / "repro.py", module, clone_cpu(args), clone_cpu(kwargs),
                                                 mode=mode, tol=d.tol, precision=d.precision, dtype=d.dtype,
                                                 entry_id=d.entry_id, module_name=d.located_module or "<model>",
                                                 summary=d.summary))
+        return
     except Exception as exc:  # noqa: BLE001
-        d.notes.append(f"could not write a module repro: {type(exc).__name__}: {_first_line(exc)}")
+        (out_dir / "repro.pt").unlink(missing_ok=True)
+        why = f"{type(exc).__name__}: {_first_line(exc)}"
+    if d.entry_id and not d.entry_id.startswith("<"):
+        d.repro_path = str(R.write_entry_repro(out_dir / "repro.py", d.entry_id, mode=mode, tol=d.tol,
+                                               precision=d.precision, dtype=d.dtype, module_name=d.located_module,
+                                               summary=d.summary))
+        d.notes.append(f"the module cannot be saved alone ({why}): the repro rebuilds the entry")
+    else:
+        d.notes.append(f"could not write a module repro: {why}")
 
 
 def _locate_eager_failure(d: Diagnosis, mode: RecordOps | None, stack: ModuleStack | None, t_rec, cpu_rec,

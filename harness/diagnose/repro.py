@@ -198,3 +198,40 @@ def write_module_repro(path: Path, module: torch.nn.Module, args: tuple, kwargs:
                           filename=path.name, mode=mode, tol=tol, precision=precision, dtype=dtype)
     path.write_text(head + _MODULE_BODY.format(pt_name=pt.name))
     return path
+
+
+_ENTRY_BODY = """
+from harness.diagnose.core import find_entry
+from harness.sweep.runner import output_tensors, prepare_inputs, prepare_model
+
+ENTRY = {entry_id!r}
+built = find_entry(ENTRY).build(seed=0)  # the zoo entry, rebuilt: same weights and inputs on CPU and tpu
+with torch.no_grad():
+    try:
+        torch.manual_seed(0)
+        ref = output_tensors(built.call(prepare_model(built.model), prepare_inputs(built.inputs)))
+    except Exception as exc:
+        print(f"the CPU run fails too: {{type(exc).__name__}}: {{exc}}")
+        sys.exit(2)
+    try:
+        fn = torch.compile(built.call, backend="tpu", dynamic=False) if MODE == "compiled" else built.call
+        torch.manual_seed(0)
+        res = on("cpu", output_tensors(fn(prepare_model(built.model, "tpu"), prepare_inputs(built.inputs, "tpu"))))
+    except Exception as exc:
+        print(f"REPRODUCED: {{ENTRY}} raises on tpu ({{MODE}}): {{type(exc).__name__}}: {{str(exc).splitlines()[0] if str(exc) else ''}}")
+        sys.exit(1)
+if check(ref, res):
+    print(f"REPRODUCED: {{ENTRY}} on tpu ({{MODE}}) differs from CPU")
+    sys.exit(1)
+print(f"not reproduced: {{ENTRY}} on tpu ({{MODE}}) agrees with CPU")
+"""
+
+
+def write_entry_repro(path: Path, entry_id: str, *, mode: str, tol: float, precision: str, dtype: str,
+                      module_name: str = "", summary: str = "") -> Path:
+    """The fallback: rebuild the zoo entry and compare its outputs (when the module cannot be saved alone)."""
+    head = _HEADER.format(title=f"entry {entry_id} ({mode})", context=_context(entry_id, module_name or "<model>", "",
+                                                                               summary),
+                          filename=path.name, mode=mode, tol=tol, precision=precision, dtype=dtype)
+    path.write_text(head + _ENTRY_BODY.format(entry_id=entry_id))
+    return path
