@@ -113,6 +113,10 @@ def audio_values(config: Any, g: torch.Generator) -> dict[str, Any]:
     if _is_int(mel) and _is_int(frames):
         # spectrogram transformers (AST) take (batch, frames, mel bins) as input_values
         return {"input_values": torch.randn(BATCH, frames, mel, generator=g)}
+    if any(find(config, k) is not None for k in ("audio_channels", "upsampling_ratios", "downsampling_ratios")):
+        # neural audio codecs take (batch, channels, samples)
+        channels = find(config, "audio_channels") or 1
+        return {"input_values": torch.randn(BATCH, int(channels), WAVEFORM, generator=g)}
     return {"input_values": torch.randn(BATCH, WAVEFORM, generator=g)}
 
 

@@ -44,6 +44,8 @@ RULES: dict[str, Rule] = {
                           "expert_layer_offset": 1}),
     # ESM's vocabulary comes from its tokenizer (33 amino-acid tokens); the config default is None.
     "esm": Rule(config={"vocab_size": 33, "pad_token_id": 1, "mask_token_id": 32}),
+    # DAC-style codecs double encoder_hidden_size at each of 4 downsamplings (64 -> 1024 channels).
+    "dac": Rule(config={"encoder_hidden_size": 8, "decoder_hidden_size": 64}),
     "mobilebert": Rule(config={"embedding_size": 64, "intra_bottleneck_size": 64, "true_hidden_size": 64}),
 }
 

@@ -119,6 +119,8 @@ def _shrink_int(key: str, v: int, d: dict[str, Any], size: Size) -> int:
         patch = d.get("patch_size") if _is_int(d.get("patch_size")) and d["patch_size"] > 0 else 16
         # a whole number of patches (at least 2 per side), close to size.image
         return min(v, patch * max(2, size.image // patch))
+    if key in ("num_filters", "codebook_dim_base"):
+        return min(v, 8)  # audio codecs double this base width at every downsampling stage
     if key in ("max_img_size",):
         return min(v, size.image)
     if key in ("num_frames", "visual_prompt_size") and v > 8:
