@@ -187,10 +187,40 @@ def _from_jax(res: Any, like: Any, T, dtypes) -> Any:
     return None
 
 
+_CONTEXT_RE = re.compile(r"Developer debug context:\s*(.+)")
+_EXPLAIN_RE = re.compile(r"Explanation:\s*(.+)")
+
+
+def short_break(reason: str) -> str:
+    """One line for a Dynamo graph-break reason: its title and the op or detail from the debug context."""
+    lines = [ln.strip() for ln in str(reason).splitlines() if ln.strip()]
+    if not lines:
+        return ""
+    title = lines[0]
+    ctx = _CONTEXT_RE.search(str(reason))
+    detail = ctx.group(1).strip() if ctx else ""
+    if not detail or len(detail) > 80:
+        exp = _EXPLAIN_RE.search(str(reason))
+        detail = exp.group(1).strip() if exp else detail
+    detail = re.sub(r" at 0x[0-9a-f]+", "", detail)[:120]
+    return f"{title}: {detail}" if detail else title
+
+
+def break_op(reason: str) -> str:
+    """The ATen op a graph break names (`aten.nonzero.default` -> aten::nonzero.default), if any."""
+    m = re.search(r"\baten\.([A-Za-z0-9_]+)\.([A-Za-z0-9_]+)", str(reason))
+    return f"aten::{m.group(1)}.{m.group(2)}" if m else ""
+
+
 def graph_break_reasons() -> list[str]:
+    """Dynamo's graph-break reasons of the last run (one line each, with counts), in the order first seen."""
     try:
         from torch._dynamo.utils import counters
 
-        return [f"{k} (x{v})" for k, v in counters["graph_break"].items()]
+        out: dict[str, int] = {}
+        for k, v in counters["graph_break"].items():
+            s = short_break(k)
+            out[s] = out.get(s, 0) + int(v)
+        return [f"{k} (x{v})" if v > 1 else k for k, v in out.items()]
     except Exception:  # noqa: BLE001
         return []

@@ -31,7 +31,7 @@ import torch
 from harness.diagnose import compiled as C
 from harness.diagnose import repro as R
 from harness.diagnose.modules import ModuleRecorder, first_divergence, named_modules
-from harness.diagnose.ops import (ModuleStack, RecordOps, TensorDiff, clone_cpu, describe, flat_tensors, op_name,
+from harness.diagnose.ops import (FailureProbe, ModuleStack, RecordOps, TensorDiff, clone_cpu, describe, flat_tensors, op_name,
                                   replay, resolve_op, spec_text)
 from harness.sweep import errors, numerics
 from harness.sweep.runner import output_tensors, prepare_inputs, prepare_model, to_cpu
@@ -129,7 +129,7 @@ def _hooked_run(built, model, device: str | None, dtype, seed: int, keep_io: boo
     mods = named_modules(model)
     rec = ModuleRecorder(mods, keep_io=keep_io)
     ms = ModuleStack().attach(mods) if stack else None
-    mode = RecordOps(keep=False, stack=ms) if record_failure else None
+    mode = FailureProbe(stack=ms) if record_failure else None
     out, exc = None, None
     try:
         with torch.no_grad():
@@ -354,7 +354,7 @@ def _module_repro(d: Diagnosis, module, args, kwargs, out_dir: Path, mode: str) 
         d.notes.append(f"could not write a module repro: {why}")
 
 
-def _locate_eager_failure(d: Diagnosis, mode: RecordOps | None, stack: ModuleStack | None, t_rec, cpu_rec,
+def _locate_eager_failure(d: Diagnosis, mode: FailureProbe | None, stack: ModuleStack | None, t_rec, cpu_rec,
                           cpu_model, out_dir, exc: BaseException) -> None:
     failed = mode.failed if mode is not None else None
     if failed is not None:
@@ -424,6 +424,13 @@ def _locate_compiled_failure(d: Diagnosis, graphs, exc, precision, tol, cpu_mode
     reason = d.error_message
     d.summary = (f"Dynamo failed before the tpu backend: {d.error_type}: {reason}" if not graphs else
                  f"compiled run failed: {d.error_type}: {reason}") + (f" at {loc}" if loc else "")
+    if d.graph_breaks and not d.located_op:
+        first = d.graph_breaks[0]
+        d.located_op = f"graph break: {first.split(' (x')[0]}"[:160]
+        d.summary += f"; first graph break: {first}"
+    if _traced_into_backend(exc, d.graph_breaks):
+        d.notes.append("Dynamo traced into hf_tpu's eager dispatch / JAX (tpu tensor internals) after a graph break: "
+                       "the compiled run executes backend Python code under Dynamo")
     if loc:
         d.notes.append(f"user code: {loc}")
     if out_dir is not None and cpu_model is not None and isinstance(cpu_model, torch.nn.Module) and cpu_rec.calls:
@@ -433,19 +440,34 @@ def _locate_compiled_failure(d: Diagnosis, graphs, exc, precision, tol, cpu_mode
 
 
 _USER_RE = re.compile(r'File "([^"]+)", line (\d+), in (\w+)')
+_NOT_USER = ("/torch/", "/jax/", "/jaxlib/", "/hf_tpu/", "/harness/", "/functorch/", "/contextlib.py", "/runpy.py",
+             "/torchax/")
 
 
 def _user_code(exc: BaseException) -> str:
+    """The innermost frame of model code (not torch, JAX, hf_tpu or the harness) on the way to the error."""
     for e in errors.chain(exc):
-        m = list(_USER_RE.finditer(str(e)))
+        m = [x for x in _USER_RE.finditer(str(e)) if not any(p in x.group(1) for p in _NOT_USER)]
         if m:
             f, line, fn = m[-1].groups()
             return f"{os.path.basename(f)}:{line} in {fn}"
-    tb = traceback.extract_tb(exc.__traceback__) if exc.__traceback__ else []
-    for fr in reversed(tb):
-        if "site-packages/torch" not in fr.filename and "hf_tpu" not in fr.filename:
-            return f"{os.path.basename(fr.filename)}:{fr.lineno} in {fr.name}"
+    for e in errors.chain(exc):
+        tb = traceback.extract_tb(e.__traceback__) if e.__traceback__ else []
+        for fr in reversed(tb):
+            if not any(p in fr.filename for p in _NOT_USER):
+                return f"{os.path.basename(fr.filename)}:{fr.lineno} in {fr.name}"
     return ""
+
+
+def _traced_into_backend(exc: BaseException, breaks: list[str]) -> bool:
+    if any("_hf_tpu" in b or "jaxlib" in b or "nb_method" in b or "nb_func" in b for b in breaks):
+        return True
+    for e in errors.chain(exc):
+        tb = traceback.extract_tb(e.__traceback__) if e.__traceback__ else []
+        names = [fr.filename for fr in tb]
+        if any("/torch/_dynamo/" in n for n in names) and any("/hf_tpu/dispatch.py" in n for n in names):
+            return True
+    return False
 
 
 def _locate_compiled_divergence(d: Diagnosis, graphs, precision, tol, out_dir) -> None:

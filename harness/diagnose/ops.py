@@ -297,3 +297,63 @@ def replay(call: OpCall, device: str, tol: Tolerance) -> OpResult:
     except Exception:  # noqa: BLE001  (no float64 kernel, or dtype arguments: allclose alone decides)
         fp64 = None
     return OpResult(call, diffs=compare_trees(call.out, out, fp64, tol))
+
+
+class FailureProbe:
+    """Keep the first ATen op that raises on `tpu`, with CPU copies of its inputs and the calling module.
+
+    Under hf_tpu this wraps the eager backend's entry point (hf_tpu.dispatch.dispatch) and changes nothing
+    else: a TorchDispatchMode would (it makes some Python-level tensor code, e.g. torch.tensor() of a list of
+    0-d tpu tensors, take another path). The innermost failing op is kept, the one the exception names. Other
+    backends (torch_tpu) get the dispatch mode (RecordOps)."""
+
+    def __init__(self, stack: ModuleStack | None = None) -> None:
+        self.stack = stack
+        self.failed: OpCall | None = None
+        self._busy = False
+        self._mode: RecordOps | None = None
+        self._module = None
+        self._real = None
+
+    def _record(self, op: Any, args: tuple, kwargs: dict, exc: BaseException) -> None:
+        if self.failed is not None or self._busy:
+            return
+        self._busy = True
+        module = self.stack.top() if self.stack else ""
+        try:
+            self.failed = OpCall(0, op, clone_cpu(args), clone_cpu(kwargs), module=module, error=exc)
+        except Exception:  # noqa: BLE001  (inputs that cannot be copied: the op and module still count)
+            self.failed = OpCall(0, op, (), {}, module=module, error=exc)
+        finally:
+            self._busy = False
+
+    def __enter__(self) -> FailureProbe:
+        try:
+            from hf_tpu import device as hdev
+            from hf_tpu import dispatch as hd
+
+            if not hdev.is_registered():
+                raise ImportError
+        except ImportError:
+            self._mode = RecordOps(keep=False, stack=self.stack)
+            self._mode.__enter__()
+            return self
+        self._module, self._real = hd, hd.dispatch
+        real = self._real
+
+        def dispatch(op, args, kwargs):
+            try:
+                return real(op, args, kwargs)
+            except Exception as exc:
+                self._record(op, args, kwargs, exc)
+                raise
+
+        hd.dispatch = dispatch
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        if self._mode is not None:
+            self._mode.__exit__(*exc_info)
+            self.failed = self._mode.failed
+        elif self._module is not None:
+            self._module.dispatch = self._real
