@@ -183,7 +183,7 @@ def _from_jax(res: Any, like: Any, T, dtypes) -> Any:
             out = out.reshape(like.shape)
         return out
     if isinstance(like, (list, tuple)) and isinstance(res, (list, tuple)) and len(res) == len(like):
-        return type(like)(_from_jax(r, x, T, dtypes) for r, x in zip(res, like))
+        return type(like)(_from_jax(r, x, T, dtypes) for r, x in zip(res, like, strict=True))
     return None
 
 

@@ -15,24 +15,32 @@
 from __future__ import annotations
 
 import contextlib
-import copy
 import json
 import math
 import os
 import re
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
 from harness.diagnose import compiled as C
 from harness.diagnose import repro as R
 from harness.diagnose.modules import ModuleRecorder, first_divergence, named_modules
-from harness.diagnose.ops import (FailureProbe, ModuleStack, RecordOps, TensorDiff, clone_cpu, describe, flat_tensors, op_name,
-                                  replay, resolve_op, spec_text)
+from harness.diagnose.ops import (
+    FailureProbe,
+    ModuleStack,
+    RecordOps,
+    TensorDiff,
+    clone_cpu,
+    describe,
+    replay,
+    spec_text,
+)
 from harness.sweep import errors, numerics
 from harness.sweep.runner import output_tensors, prepare_inputs, prepare_model, to_cpu
 

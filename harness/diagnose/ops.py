@@ -174,7 +174,7 @@ def compare_trees(ref: Any, res: Any, fp64: Any, tol: Tolerance) -> list[TensorD
     if [k for k, _ in a] != [k for k, _ in b]:
         return [TensorDiff("structure", False, reason=f"outputs differ in structure: cpu {[k for k, _ in a][:6]} "
                                                       f"vs tpu {[k for k, _ in b][:6]}")]
-    return [compare(k, x, y, c.get(k), tol) for (k, x), (_, y) in zip(a, b)]
+    return [compare(k, x, y, c.get(k), tol) for (k, x), (_, y) in zip(a, b, strict=True)]
 
 
 # ----------------------------------------------------------------------------------------- op recording

@@ -10,11 +10,11 @@ import sys
 from pathlib import Path
 from types import SimpleNamespace
 
+import diagnose_faults
 import pytest
 import torch
 from torch import nn
 
-import diagnose_faults
 from harness.diagnose import diagnose_built
 from harness.diagnose.report import markdown
 
