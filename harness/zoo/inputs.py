@@ -177,6 +177,15 @@ def build_inputs(model: torch.nn.Module, config: Any, model_class: str, seed: in
     if "pixel_values_videos" in params and "pixel_values" not in params:
         c, h, w = image_hw(config)
         out["pixel_values_videos"] = torch.randn(BATCH, 4, c, h, w, generator=g)
+    if "qformer_input_ids" in params and "input_ids" in out:
+        # InstructBLIP's Q-Former reads the instruction too, in its own (BERT) vocabulary
+        qformer = getattr(config, "qformer_config", None) or config
+        out["qformer_input_ids"] = random_tokens(qformer, (BATCH, SEQ), g)
+        out["qformer_attention_mask"] = torch.ones(BATCH, SEQ, dtype=torch.long)
+    if "visual_feats" in params and "visual_pos" in params:
+        # LXMERT-style: pre-extracted region features and their boxes
+        out["visual_feats"] = torch.randn(BATCH, 8, find(config, "visual_feat_dim") or 2048, generator=g)
+        out["visual_pos"] = torch.rand(BATCH, 8, find(config, "visual_pos_dim") or 4, generator=g)
     if "input_values" in params:
         out.update(audio_values(config, g))
     if "input_features" in params:

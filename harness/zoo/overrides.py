@@ -46,6 +46,10 @@ RULES: dict[str, Rule] = {
     "esm": Rule(config={"vocab_size": 33, "pad_token_id": 1, "mask_token_id": 32}),
     # DAC-style codecs double encoder_hidden_size at each of 4 downsamplings (64 -> 1024 channels).
     "dac": Rule(config={"encoder_hidden_size": 8, "decoder_hidden_size": 64}),
+    # BLIP-2-style models scatter Q-Former queries into image placeholders, whose id defaults to None.
+    "blip-2": Rule(config={"image_token_index": 1000}),
+    "instructblip": Rule(config={"image_token_index": 1000}),
+    "instructblipvideo": Rule(config={"video_token_index": 1000}),
     "mobilebert": Rule(config={"embedding_size": 64, "intra_bottleneck_size": 64, "true_hidden_size": 64}),
 }
 

@@ -335,6 +335,8 @@ def _fix_heads(d: dict[str, Any], old: dict[str, Any]) -> None:
         if _is_int(d.get("head_dim")) and _is_int(old.get("head_dim")) and old[heads_key] and \
                 old["head_dim"] * old[heads_key] == old_hidden:
             d["head_dim"] = hidden // heads
+        if "num_key_value_heads" in d and d["num_key_value_heads"] is None:
+            d["num_key_value_heads"] = heads  # left None and never derived by some classes
         for kv_key in ("num_key_value_heads", "n_kv_heads", "num_kv_heads"):
             if _is_int(d.get(kv_key)):
                 # multi-head (not grouped) attention stays so: MLA and others assume kv heads == heads
@@ -366,6 +368,8 @@ def _fix_heads(d: dict[str, Any], old: dict[str, Any]) -> None:
         for k in list(d):
             if R_TOP_K.match(k) and _is_int(d[k]):
                 d[k] = min(d[k], experts)
+        if "num_experts_per_tok" in d and d["num_experts_per_tok"] is None:
+            d["num_experts_per_tok"] = min(2, experts)  # a router needs its k
 
 
 def _fix_mrope(d: dict[str, Any]) -> None:
