@@ -24,6 +24,14 @@ class Rule:
 
 NO_RULE = Rule()
 
+
+def _still_images(inputs: dict[str, Any]) -> dict[str, Any]:
+    """(batch, frames, c, h, w) -> (batch, c, h, w): the first frame."""
+    pixels = inputs.get("pixel_values")
+    if pixels is not None and pixels.dim() == 5:
+        return {**inputs, "pixel_values": pixels[:, 0]}
+    return inputs
+
 RULES: dict[str, Rule] = {
     # X-MOD routes every batch through a language adapter and refuses input without a language.
     "xmod": Rule(config={"default_language": "en_XX"}),
@@ -50,6 +58,13 @@ RULES: dict[str, Rule] = {
     "blip-2": Rule(config={"image_token_index": 1000}),
     "instructblip": Rule(config={"image_token_index": 1000}),
     "instructblipvideo": Rule(config={"video_token_index": 1000}),
+    # Perceiver cross-attends from latents to preprocessed inputs whose width (e.g. 261 = 3 + Fourier
+    # features) no head count but 1 divides.
+    # Its num_frames describes the multimodal autoencoder's video, not the image classifiers' input.
+    "perceiver": Rule(config={"num_cross_attention_heads": 1}, inputs=lambda model, config, inputs, seed: _still_images(inputs)),
+    # Reformer's axial position embeddings factor the sequence (4 x 4 = 16 tokens) and split hidden (16 + 48).
+    "reformer": Rule(config={"axial_pos_embds_dim": [16, 48], "axial_pos_shape": [4, 4], "max_position_embeddings": 16,
+                             "lsh_attn_chunk_length": 4, "local_attn_chunk_length": 4, "num_buckets": 2}),
     "mobilebert": Rule(config={"embedding_size": 64, "intra_bottleneck_size": 64, "true_hidden_size": 64}),
 }
 
