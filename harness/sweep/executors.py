@@ -37,7 +37,7 @@ class LocalExecutor:
         if self.log_dir is not None:
             self.log_dir.mkdir(parents=True, exist_ok=True)
             log = str(self.log_dir / f"worker-{self._n:03d}.log")
-        return Worker(self.opts, log_path=log)
+        return Worker(self.opts, log_path=log, die_with_parent=True)
 
     def run(self, entries: list, on_done: OnDone) -> None:
         opts = self.opts

@@ -79,12 +79,16 @@ def resolve_death(task: Task, rows: list[dict], death: Death, opts: SweepOptions
 class Worker:
     """One reusable worker process (the parent's handle)."""
 
-    def __init__(self, opts: SweepOptions, log_path: str | None = None, threads: int | None = None):
+    def __init__(self, opts: SweepOptions, log_path: str | None = None, threads: int | None = None,
+                 die_with_parent: bool = False):
         self.opts = opts
         r_parent, w_child = os.pipe()
         r_child, w_parent = os.pipe()
         env = {**os.environ, **opts.worker_env()}
         env["HF_TPU_SWEEP_THREADS"] = str(threads or worker_threads(opts.jobs))
+        # the local pool's workers die with the sweep (kill -9 included); not under Ray, whose task threads
+        # may end before the worker should
+        env["HF_TPU_SWEEP_DIE_WITH_PARENT"] = "1" if die_with_parent else "0"
         self._log = open(log_path, "ab") if log_path else subprocess.DEVNULL  # noqa: SIM115
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "harness.sweep.worker", str(r_child), str(w_child)],
@@ -260,7 +264,8 @@ def _die_with_parent() -> None:
 
 
 def _child_main(rfd: int, wfd: int) -> None:
-    _die_with_parent()
+    if os.environ.get("HF_TPU_SWEEP_DIE_WITH_PARENT") == "1":
+        _die_with_parent()
     conn_in = Connection(rfd, writable=False)
     conn_out = Connection(wfd, readable=False)
     try:
