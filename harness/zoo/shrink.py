@@ -344,6 +344,16 @@ def _fix_heads(d: dict[str, Any], old: dict[str, Any]) -> None:
                 while kv > 1 and heads % kv:
                     kv -= 1
                 d[kv_key] = kv
+        for k, v in list(d.items()):
+            # per-layer head counts (num_key_value_heads_per_layer...) must divide the shrunk head count
+            if "heads" in k and isinstance(v, list) and v and all(_is_int(x) and x > 0 for x in v):
+                out = []
+                for x in v:
+                    x = min(x, heads)
+                    while x > 1 and heads % x:
+                        x -= 1
+                    out.append(x)
+                d[k] = out
     _fix_mrope(d)
     if all(_is_int(d.get(k)) and _is_int(old.get(k)) for k in ("num_heads", "head_dim", "expand")) and hidden and \
             old["num_heads"] * old["head_dim"] == old["expand"] * old_hidden_of(old):
