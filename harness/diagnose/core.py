@@ -36,10 +36,13 @@ from harness.diagnose.ops import (
     ModuleStack,
     RecordOps,
     TensorDiff,
+    align,
     clone_cpu,
     describe,
+    is_discontinuous,
     replay,
     spec_text,
+    to_device,
 )
 from harness.sweep import errors, numerics
 from harness.sweep.runner import output_tensors, prepare_inputs, prepare_model, to_cpu
@@ -254,7 +257,7 @@ def diagnose_built(built, entry_id: str, mode: str = "eager", *, out_dir: str | 
             d.notes.append(f"eager run raises: {type(t_exc).__name__}: {_first_line(t_exc)}")
         else:
             _locate_divergence(d, cpu_rec, t_rec, fp64_rec, tol, cpu_model, out_dir, precision, dtype,
-                               eager_only=(mode == "compiled"))
+                               eager_only=(mode == "compiled"), tpu_model=tpu_model)
         if mode == "compiled":
             _locate_compiled_divergence(d, graphs, precision, tol, out_dir)
     return _finish(d, start, out_dir)
@@ -275,7 +278,7 @@ def _module_lookup(model: Any) -> dict[str, torch.nn.Module]:
 
 
 def _locate_divergence(d: Diagnosis, cpu_rec, t_rec, fp64_rec, tol, cpu_model, out_dir, precision, dtype,
-                       eager_only: bool = False) -> None:
+                       eager_only: bool = False, tpu_model=None) -> None:
     div = first_divergence(cpu_rec.calls, t_rec.calls, fp64_rec.calls if fp64_rec else None, tol)
     where = "eager: " if eager_only else ""
     if div is None:
@@ -299,8 +302,9 @@ def _locate_divergence(d: Diagnosis, cpu_rec, t_rec, fp64_rec, tol, cpu_model, o
     # op by op inside the module, on the CPU module's own inputs
     rec = RecordOps(keep=True)
     try:
+        args, kwargs = clone_cpu(div.cpu.args), clone_cpu(div.cpu.kwargs)  # before the mode: not module ops
         with torch.no_grad(), rec:
-            module(*clone_cpu(div.cpu.args), **clone_cpu(div.cpu.kwargs))
+            module(*args, **kwargs)
     except Exception as exc:  # noqa: BLE001
         d.notes.append(f"re-running {mod_name} alone on CPU failed: {type(exc).__name__}: {_first_line(exc)}")
     raised = []
@@ -335,10 +339,49 @@ def _locate_divergence(d: Diagnosis, cpu_rec, t_rec, fp64_rec, tol, cpu_model, o
                                                 summary=d.summary))
     elif not d.summary:
         d.summary = (f"module {mod_name} ({div.cpu.cls}) is the first whose output diverges while its inputs agree; "
-                     f"no single op of its {d.ops_replayed} differs on the same inputs (accumulated error or a "
-                     "different op path on tpu)")
+                     f"no single op of its {d.ops_replayed} differs on the same inputs")
+        _align_module_run(d, rec.calls, tpu_model, div, tol, mod_name)
         if out_dir is not None and not d.repro_path:
             _module_repro(d, module, div.cpu.args, div.cpu.kwargs, out_dir, "eager")
+
+
+def _align_module_run(d: Diagnosis, cpu_calls, tpu_model, div, tol, mod_name: str) -> None:
+    """No op differs on identical inputs: run the module on tpu too, recording its ops, and walk both runs side
+    by side to find where they part (another op path, or an op that turns a within-tolerance input difference
+    into a large one)."""
+    tmod = _module_lookup(tpu_model).get(div.cpu.name) if tpu_model is not None else None
+    if tmod is None:
+        return
+    trec = RecordOps(keep=True)
+    try:
+        args, kwargs = to_device(div.tpu.args, "tpu"), to_device(div.tpu.kwargs, "tpu")
+        with torch.no_grad(), trec:
+            tmod(*args, **kwargs)
+    except Exception as exc:  # noqa: BLE001
+        d.notes.append(f"re-running {mod_name} alone on tpu failed: {type(exc).__name__}: {_first_line(exc)}")
+        return
+    m = align(cpu_calls, trec.calls, tol)
+    if m is None:
+        d.notes.append(f"{mod_name} run alone on its recorded inputs: every op agrees; the divergence needs the "
+                       "whole model's state (aliasing, caches) to show")
+        return
+    if m.kind == "path":
+        d.located_op = m.cpu.name
+        d.summary += (f"; the tpu run takes another path at op #{m.index}: {m.cpu.name} on CPU, "
+                      f"{m.tpu.name if m.tpu else 'nothing'} on tpu")
+        return
+    d.located_op = m.cpu.name
+    d.op_inputs = [spec_text(describe(a)) for a in m.cpu.args]
+    d.op_diffs = _diff_dicts([x for x in m.diffs if not x.match])
+    worst_in = max((x.max_abs_err for x in m.input_diffs if not math.isnan(x.max_abs_err)), default=0.0)
+    if m.inputs_agree:
+        why = ("a discontinuous op (comparison, selection or rounding) turns a within-tolerance input "
+               "difference into a different result" if is_discontinuous(m.cpu.name) else
+               "the op agrees on identical inputs but not on the tpu run's own inputs")
+        d.summary += (f"; in the module's own tpu run, op #{m.index} {m.cpu.name} is the first whose result differs "
+                      f"while its inputs agree within tolerance (max abs input err {worst_in:.3g}): {why}")
+    else:
+        d.summary += f"; in the module's own tpu run, op #{m.index} {m.cpu.name} is the first whose result differs"
 
 
 def _module_repro(d: Diagnosis, module, args, kwargs, out_dir: Path, mode: str) -> None:

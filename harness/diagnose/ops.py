@@ -357,3 +357,74 @@ class FailureProbe:
             self.failed = self._mode.failed
         elif self._module is not None:
             self._module.dispatch = self._real
+
+
+DISCONTINUOUS = {"eq", "ne", "gt", "ge", "lt", "le", "argmax", "argmin", "topk", "sort", "argsort", "nonzero",
+                 "max", "min", "round", "floor", "ceil", "trunc", "sign", "where", "masked_select", "unique",
+                 "_unique2", "searchsorted", "bucketize", "index", "gather"}
+
+
+def is_discontinuous(name: str) -> bool:
+    """Ops whose result jumps on a tiny input change (comparisons, selections, rounding)."""
+    base = name.split("::", 1)[-1].split(".", 1)[0].rstrip("_")
+    return base in DISCONTINUOUS
+
+
+@dataclass
+class Misalignment:
+    index: int
+    cpu: OpCall
+    tpu: OpCall | None
+    kind: str  # path (another op runs on tpu) | differs (the op's result differs in the module run)
+    diffs: list[TensorDiff] = field(default_factory=list)
+    input_diffs: list[TensorDiff] = field(default_factory=list)
+
+    @property
+    def inputs_agree(self) -> bool:
+        return all(d.match for d in self.input_diffs)
+
+
+_LAYOUT = {"clone", "_to_copy", "copy", "contiguous", "reshape", "_reshape_alias", "_unsafe_view", "empty_like",
+           "empty", "empty_strided", "lift_fresh", "detach", "zeros_like", "resize", "new_empty", "new_empty_strided"}
+
+
+def _layout_only(call: OpCall) -> bool:
+    """Copies, views and allocations: backends differ in how many they need (a reshape is a view on one, a
+    clone plus a view on another), so runs are aligned on the ops that compute."""
+    if call.name in _SKIP_REPLAY:
+        return True
+    base = call.name.split("::", 1)[-1].split(".", 1)[0].rstrip("_")
+    if base in _LAYOUT:
+        return True
+    rets = getattr(getattr(call.op, "_schema", None), "returns", None) or []
+    return bool(rets) and rets[0].alias_info is not None and not rets[0].alias_info.is_write
+
+
+def _only_tie_indices(out: Any, diffs: list[TensorDiff]) -> bool:
+    """Only integer outputs differ while the op's floating outputs agree: indices picked among near-equal values."""
+    kinds = {name: t.is_floating_point() for name, t in flat_tensors(out)}
+    bad = [d for d in diffs if not d.match]
+    return bool(bad) and all(not kinds.get(d.name, True) for d in bad) and any(
+        kinds.get(d.name, False) and d.match for d in diffs)
+
+
+def align(cpu_calls: list[OpCall], tpu_calls: list[OpCall], tol: Tolerance) -> Misalignment | None:
+    """Walk the ops of the same module run on CPU and on tpu side by side: the first op that is not the same
+    op, or whose result differs (with its inputs compared too)."""
+    a = [c for c in cpu_calls if not _layout_only(c)]
+    b = [c for c in tpu_calls if not _layout_only(c)]
+    for i, (c, t) in enumerate(zip(a, b, strict=False)):
+        if c.name != t.name:
+            return Misalignment(i, c, t, "path")
+        if _is_random(c.op):
+            continue
+        diffs = compare_trees(c.out, t.out, None, tol)
+        if not all(d.match for d in diffs):
+            ins = compare_trees((c.args, c.kwargs), (t.args, t.kwargs), None, tol)
+            if all(d.match for d in ins) and _only_tie_indices(c.out, diffs):
+                continue  # e.g. max_pool's indices under near-ties, next to values that agree
+            return Misalignment(i, c, t, "differs", diffs, ins)
+    if len(a) != len(b):
+        i = min(len(a), len(b))
+        return Misalignment(i, a[i] if i < len(a) else b[i], b[i] if i < len(b) else None, "path")
+    return None

@@ -31,6 +31,9 @@ def _lines(d) -> list[tuple[str, str]]:
         rows.append(("error", f"{d.error_type}: {d.error_message}"))
     for diffs, what in ((d.op_diffs, "op output"), (d.module_diffs, "module output"), (d.output_diffs, "model output")):
         for x in diffs[:3]:
+            if x.get("max_abs_err") is None:
+                rows.append((what, x.get("reason") or x["name"]))
+                continue
             rows.append((what, f"{x['name']}: max abs err {_fmt(x.get('max_abs_err'))}, max rel err "
                                f"{_fmt(x.get('max_rel_err'))}, cosine {_fmt(x.get('cosine'))}"))
         if diffs:
