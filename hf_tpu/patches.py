@@ -12,7 +12,11 @@ right after the module's own code has run (or at once, if it is already imported
 
   accelerate.utils.modeling      get_max_memory                      (patch "auto_device_map")
   transformers.modeling_utils    check_and_set_device_map            (patch "tpu_unavailable_error")
+  transformers.modeling_utils    caching_allocator_warmup            (patch "tpu_skip_allocator_warmup")
+  transformers.modeling_utils    PreTrainedModel._load_pretrained_model, safe_open
+                                                                     (patch "tpu_checkpoint_pread")
   transformers.modeling_utils    safe_open, load_state_dict          (patch "checkpoint_file_errors")
+  transformers.core_model_loading  _materialize_copy                 (patch "tpu_direct_materialize")
   torch                          Generator                           (patch "tpu_generator_error")
 
 `applied()` lists the patches applied in this process; HF_TPU_NO_PATCHES=1 turns them all off (the tests
@@ -21,6 +25,7 @@ use it to show each patch is needed).
 
 from __future__ import annotations
 
+import contextvars
 import functools
 import importlib.abc
 import importlib.util
@@ -177,6 +182,111 @@ class CheckpointFileError(OSError):
         )
 
 
+def _patch_allocator_warmup(mod: Any) -> None:
+    """Upstream: `caching_allocator_warmup` allocates one model-sized `torch.empty` on each accelerator before
+    loading, to pre-fill PyTorch's CUDA/XPU caching allocator (it already skips MPS and Neuron). hf_tpu has no
+    caching allocator: JAX allocates and zero-fills that buffer and frees it again, which costs a
+    model-sized transient (host memory on XLA:CPU) and the time to fill it. Fix: skip tpu, as for Neuron."""
+    orig = mod.caching_allocator_warmup
+    if getattr(orig, "_hf_tpu_patched", False):
+        return
+
+    @functools.wraps(orig)
+    def caching_allocator_warmup(model: Any, expanded_device_map: Any, *args: Any, **kwargs: Any) -> Any:
+        if _tpu_served_by_hf_tpu() and isinstance(expanded_device_map, dict):
+            expanded_device_map = {k: v for k, v in expanded_device_map.items()
+                                   if not _device_map_targets_tpu({k: v})}
+        return orig(model, expanded_device_map, *args, **kwargs)
+
+    caching_allocator_warmup._hf_tpu_patched = True  # type: ignore[attr-defined]
+    mod.caching_allocator_warmup = caching_allocator_warmup
+    _mark("tpu_skip_allocator_warmup")
+
+
+_loading_to_tpu: contextvars.ContextVar[bool] = contextvars.ContextVar("hf_tpu_loading_to_tpu", default=False)
+
+
+def _device_map_targets_tpu(device_map: Any) -> bool:
+    if not isinstance(device_map, dict):
+        return False
+    for v in device_map.values():
+        kind = v.split(":")[0] if isinstance(v, str) else getattr(v, "type", None)
+        if isinstance(v, int) and not isinstance(v, bool):
+            kind = "tpu"  # an integer id is torch.device(i): tpu when hf_tpu serves the accelerator
+        if kind == "tpu":
+            return True
+    return False
+
+
+def _patch_checkpoint_reading(mod: Any) -> None:
+    """Upstream: `_load_pretrained_model` memory-maps each safetensors file (`safe_open(..., backend="mmap")`)
+    unless the target is MPS, where it reads with `pread`. hf_tpu's device memory on XLA:CPU is host memory,
+    so with mmap the file's pages stay resident (counted in RSS, 1x checkpoint) next to the device copy
+    (another 1x) until the file handles close: peak host RSS about 2.6x the checkpoint for GPT-2.
+    Fix: when the device map targets tpu (hf_tpu's), read with `pread`, as Transformers does for MPS: each
+    tensor is read into a transient buffer, copied to the device and freed. Measured by
+    benchmarks/load_bench.py."""
+    cls = mod.PreTrainedModel
+    orig = cls.__dict__["_load_pretrained_model"]
+    func = orig.__func__ if isinstance(orig, staticmethod) else orig
+    if getattr(func, "_hf_tpu_patched", False):
+        return
+
+    @functools.wraps(func)
+    def _load_pretrained_model(model: Any, state_dict: Any, checkpoint_files: Any, load_config: Any,
+                               *args: Any, **kwargs: Any) -> Any:
+        to_tpu = _tpu_served_by_hf_tpu() and _device_map_targets_tpu(getattr(load_config, "device_map", None))
+        token = _loading_to_tpu.set(to_tpu)
+        try:
+            return func(model, state_dict, checkpoint_files, load_config, *args, **kwargs)
+        finally:
+            _loading_to_tpu.reset(token)
+
+    _load_pretrained_model._hf_tpu_patched = True  # type: ignore[attr-defined]
+    cls._load_pretrained_model = staticmethod(_load_pretrained_model) if isinstance(orig, staticmethod) \
+        else _load_pretrained_model
+    _mark("tpu_checkpoint_pread")
+
+
+def _patch_materialize_to_tpu(mod: Any) -> None:
+    """Upstream: `core_model_loading._materialize_copy` moves each checkpoint tensor with
+    `tensor.to(device)`. On hf_tpu that is PyTorch's generic path: `empty_strided` on tpu (a zero-filled
+    device buffer) and then `copy_` (another buffer converted through `jnp.asarray`), so each tensor in
+    flight costs about three times its size on the host, with two loader threads. Fix: for a tpu target,
+    read the tensor on CPU (cast there if a dtype is asked for) and hand its bytes to JAX once
+    (`jax.device_put`), wrapped as the tpu tensor directly. Measured by benchmarks/load_bench.py."""
+    orig = mod._materialize_copy
+    if getattr(orig, "_hf_tpu_patched", False):
+        return
+
+    @functools.wraps(orig)
+    def _materialize_copy(tensor: Any, device: Any = None, dtype: Any = None) -> Any:
+        if device is not None and _is_hf_tpu_device(device):
+            cpu = tensor[...]
+            if getattr(cpu, "device", None) is not None and cpu.device.type == "cpu":
+                if dtype is not None and cpu.dtype != dtype:
+                    cpu = cpu.to(dtype)
+                return _cpu_to_tpu(cpu)
+        return orig(tensor, device, dtype)
+
+    _materialize_copy._hf_tpu_patched = True  # type: ignore[attr-defined]
+    mod._materialize_copy = _materialize_copy
+    _mark("tpu_direct_materialize")
+
+
+def _cpu_to_tpu(t: Any) -> Any:
+    import torch
+
+    from hf_tpu import dtypes, runtime
+    from hf_tpu import tensor as T
+
+    dtypes.check(t.dtype)
+    t = t.detach()
+    if t.dtype == torch.bfloat16 or t.is_conj() or t.is_neg():
+        return T.wrap(T.from_cpu(t), t.dtype)
+    return T.wrap(runtime.jax().device_put(t.contiguous().numpy()), t.dtype)
+
+
 def _patch_checkpoint_errors(mod: Any) -> None:
     """Upstream: a corrupt or truncated checkpoint fails in `from_pretrained` with the reader's own error:
     safetensors' "Error while deserializing header: ...", torch.load's "[Errno 22] Invalid argument" or
@@ -184,12 +294,14 @@ def _patch_checkpoint_errors(mod: Any) -> None:
     which shard). Fix: re-raise as `CheckpointFileError` (an OSError) naming the file, the original chained."""
     if getattr(mod.safe_open, "_hf_tpu_patched", False):
         return
-    orig_open = mod.safe_open
+    mod._hf_tpu_orig_safe_open = mod.safe_open
     orig_load = mod.load_state_dict
 
     def safe_open(filename: Any, *args: Any, **kwargs: Any) -> Any:
+        if _loading_to_tpu.get() and kwargs.get("backend") == "mmap" and kwargs.get("device", "cpu") == "cpu":
+            kwargs["backend"] = "pread"  # patch "tpu_checkpoint_pread" (above)
         try:
-            return orig_open(filename, *args, **kwargs)
+            return mod._hf_tpu_orig_safe_open(filename, *args, **kwargs)
         except Exception as exc:
             raise CheckpointFileError(filename, exc) from exc
 
@@ -260,7 +372,9 @@ def _is_hf_tpu_device(device: Any) -> bool:
 # ------------------------------------------------------------------------------------------ the import hook
 _TARGETS: dict[str, list[Callable[[Any], None]]] = {
     "accelerate.utils.modeling": [_patch_accelerate_max_memory],
-    "transformers.modeling_utils": [_patch_device_map_check, _patch_checkpoint_errors],
+    "transformers.modeling_utils": [_patch_device_map_check, _patch_allocator_warmup, _patch_checkpoint_reading,
+                                    _patch_checkpoint_errors],
+    "transformers.core_model_loading": [_patch_materialize_to_tpu],
 }
 
 
