@@ -65,7 +65,7 @@ def _latest_run(root: Path) -> Path | None:
     return runs[-1] if runs else None
 
 
-def build_options(args) -> "SweepOptions":  # noqa: F821
+def build_options(args) -> SweepOptions:  # noqa: F821
     from harness.sweep.entries import SelectionError, compile_match, parse_shard
     from harness.sweep.options import SweepOptions
     from harness.sweep.results import ResultStore

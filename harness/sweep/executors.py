@@ -8,9 +8,9 @@ import collections
 import os
 import tempfile
 import time
+from collections.abc import Callable
 from multiprocessing.connection import wait
 from pathlib import Path
-from typing import Callable
 
 from harness.sweep.options import SweepOptions
 from harness.sweep.worker import POLL_S, Task, Worker, resolve_death, run_task_blocking
@@ -171,8 +171,12 @@ class InlineExecutor:
         for e in entries:
             t0 = time.monotonic()
             rows: list[dict] = []
-            run_entry(e, tuple(self.opts.modes), self.opts, device,
-                      lambda k, p: rows.append(p) if k == "row" else None, overrides=overrides)
+
+            def emit(kind, payload, rows=rows):
+                if kind == "row":
+                    rows.append(payload)
+
+            run_entry(e, tuple(self.opts.modes), self.opts, device, emit, overrides=overrides)
             on_done(e, rows, time.monotonic() - t0)
 
 

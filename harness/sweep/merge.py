@@ -22,7 +22,7 @@ def merge_frames(frames: list, names: list[str]):
     if not frames:
         raise MergeError("nothing to merge")
     tagged = []
-    for df, name in zip(frames, names):
+    for df, name in zip(frames, names, strict=True):
         d = df.copy()
         d["_source"] = name
         tagged.append(d)

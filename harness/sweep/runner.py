@@ -11,8 +11,8 @@ import copy
 import math
 import statistics
 import time
+from collections.abc import Callable
 from importlib import metadata
-from typing import Callable
 
 from harness.schema import SCHEMA_VERSION
 from harness.sweep import errors, numerics

@@ -4,16 +4,14 @@ import csv
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
+from sweep_helpers import REPO, run_cli, sweep_cmd
 
 from harness.sweep import testzoo
 from harness.sweep.results import read_csv, validate
-
-from sweep_helpers import REPO, run_cli, sweep_cmd
 
 
 def _rows(out: Path) -> dict:
