@@ -40,7 +40,12 @@ def load_entries(opts: SweepOptions) -> list:
         except Exception as exc:  # noqa: BLE001  (a malformed models list, whatever the zoo raises)
             what = "models list" if os.path.isfile(spec) else "zoo"
             raise SelectionError(f"cannot read {what} {spec!r}: {type(exc).__name__}: {exc}") from None
-    return shard(select(entries, opts), opts.shard, opts.limit)
+    selected = select(entries, opts)
+    if not selected:
+        what = ", ".join(f"{k} {v!r}" for k, v in (("library", opts.library), ("task", opts.task),
+                                                     ("match", opts.match)) if v)
+        raise SelectionError(f"no entry of zoo {spec!r} matches {what or 'the selection'}")
+    return shard(selected, opts.shard, opts.limit)
 
 
 def compile_match(pattern: str | None):

@@ -15,6 +15,7 @@ from harness.cli import main
     (["--zoo", "test", "--precision", "low"], "invalid choice"),
     (["--zoo", "test", "--jobs", "0"], "bad --jobs"),
     (["--zoo", "test", "--tolerances", "/nonexistent.yaml"], "no such file"),
+    (["--zoo", "test", "--task", "no-such-task"], "no entry of zoo 'test' matches task 'no-such-task'"),
 ])
 def test_bad_input_exits_2(args, message, capsys, tmp_path):
     out = tmp_path / "run"
