@@ -53,12 +53,24 @@ def numerics_md(df) -> str:
             "by rmse ratio = rmse(fp64, tpu) / rmse(fp64, cpu), max relative error, cosine. The rule is in "
             "harness/sweep/numerics.py.\n\n")
     if t.empty:
-        return head + "No rows ran to the end.\n"
+        return head + "No rows ran to the end with metrics.\n" + _unmeasured_md(df)
     f = coverage.fmt_num
     rows = [[f"`{r['entry_id']}`", r["mode"], r["status"], r["dtype"], r["precision"], f(r["max_abs_err"]),
              f(r["max_rel_err"]), f(r["cosine"], 6, fixed=True), f(r["rmse_ratio"])] for _, r in t.iterrows()]
-    return head + md_table(["entry", "mode", "status", "dtype", "precision", "max abs err", "max rel err", "cosine",
-                            "rmse ratio"], rows)
+    body = md_table(["entry", "mode", "status", "dtype", "precision", "max abs err", "max rel err", "cosine",
+                     "rmse ratio"], rows)
+    return head + body + _unmeasured_md(df)
+
+
+def _unmeasured_md(df) -> str:
+    """`fail_accuracy` rows without metrics (output names or shapes differ): not in the ranked table."""
+    metrics = ["max_abs_err", "max_rel_err", "cosine", "rmse_ratio"]
+    bad = df[(df["status"] == "fail_accuracy") & df[metrics].isna().all(axis=1)]
+    if bad.empty:
+        return ""
+    return ("\n## Accuracy failures without metrics\n\nOutput names or shapes differ from the baseline.\n\n"
+            + md_table(["entry", "mode", "detail"], [[f"`{r['entry_id']}`", r["mode"], r["error_message"]]
+                                                     for _, r in bad.iterrows()]))
 
 
 def write_reports(df, out: Path, title: str = "") -> dict[str, Path]:
