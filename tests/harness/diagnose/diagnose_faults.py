@@ -3,6 +3,8 @@ subprocess, by a sitecustomize.py that calls `apply(name)`."""
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 GELU = torch.ops.aten.gelu.default
@@ -16,12 +18,14 @@ def apply(name: str, setattr=setattr) -> None:  # noqa: A002 - monkeypatch.setat
     orig = lowering.find.__wrapped__  # the uncached lookup
 
     if name == "perturb_gelu":
+        @functools.cache
         def find(op):
             fn = orig(op)
             if op is GELU and fn is not None:
                 return lambda *a, **k: fn(*a, **k) + PERTURBATION
             return fn
     elif name == "missing_erfinv":
+        @functools.cache
         def find(op):
             return None if op is ERFINV else orig(op)
 
