@@ -76,3 +76,21 @@ def test_over_budget_entry_fails_with_a_reason(monkeypatch, full):
 
 def test_select_sample_by_task(full):
     assert select(full.values(), task="vae", library="diffusers")
+
+
+def test_failures_carry_a_category(full):
+    from harness.zoo.check import check_entry
+    from harness.zoo.errors import CATEGORIES
+
+    # DETR's default backbone is a timm model, and timm is not a dependency of hf-tpu.
+    result = check_entry(full["transformers/detr/DetrForObjectDetection"])
+    assert not result.ok
+    assert result.category == "missing_dependency" and result.category in CATEGORIES
+    assert "timm" in result.error
+
+
+def test_overrides_apply(full):
+    from harness.zoo.transformers_zoo import tiny_config
+
+    assert tiny_config("xmod").default_language == "en_XX"
+    assert tiny_config("gemma3").mm_tokens_per_image == 4
