@@ -236,7 +236,7 @@ def build_pipeline(entry: ZooEntry, seed: int = 0) -> BuiltEntry:
     if n > budget.DEFAULT_BUDGET:
         raise ZooBuildError(f"{n:,} parameters > budget {budget.DEFAULT_BUDGET:,}", category="over_budget", stage="init")
     for m in modules:
-        m.to(torch.float32).eval()
+        m.eval()  # built in float32 already; .to() would warn about fp32-pinned modules
     pipe.set_progress_bar_config(disable=True)
     return BuiltEntry(model=pipe, inputs=spec.inputs(), call=partial(call_pipeline, seed=seed), entry=entry,
                       num_parameters=n)
