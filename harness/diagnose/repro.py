@@ -35,6 +35,8 @@ def t(shape, dtype, lo=0.0, hi=1.0, mean=0.0, std=1.0, values=None):
         return torch.tensor(values, dtype=dtype).reshape(shape)
     if dtype == torch.bool:
         return torch.randint(0, 2, shape).bool() if hi > lo else torch.full(shape, bool(hi), dtype=torch.bool)
+    if dtype.is_complex:
+        return torch.randn(shape, dtype=dtype)
     if dtype.is_floating_point:
         return (torch.randn(shape, dtype=torch.float64) * std + mean).clamp(lo, hi).to(dtype)
     return torch.randint(int(lo), int(hi) + 1, shape).to(dtype)
