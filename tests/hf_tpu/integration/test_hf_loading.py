@@ -38,7 +38,9 @@ def test_auto_class_loads_on_tpu_and_matches_cpu(case, model_dir, highest):
     cpu, tpu, x, field = _load_pair(case, model_dir)
     assert all_on_tpu(tpu), [n for n, p in tpu.named_parameters() if p.device.type != "tpu"]
     assert tpu.device.type == "tpu"
-    assert _compare(cpu, tpu, x, field) <= HIGHEST_RTOL
+    err = _compare(cpu, tpu, x, field)
+    print(f"\n{case}: highest-precision relative error {err:.2e}")
+    assert err <= HIGHEST_RTOL
 
 
 @pytest.mark.parametrize("case", [
@@ -49,6 +51,7 @@ def test_medium_precision_within_documented_tolerance(case, model_dir, precision
     precision("medium")
     cpu, tpu, x, field = _load_pair(case, model_dir)
     err = _compare(cpu, tpu, x, field)
+    print(f"\n{case}: medium-precision relative error {err:.2e}")
     assert err <= MEDIUM_RTOL
     assert err > 1e-6, "medium should round matmul inputs to bfloat16 (is the precision emulation on?)"
 
