@@ -184,6 +184,7 @@ def run_entry(entry, modes: tuple[str, ...], opts: SweepOptions, device: Device,
         row = {**rows[mode], **run_mode(mode, built, ref, fp64, opts, device, tol, dtype if low_precision else None,
                                         rebuild)}
         if getattr(opts, "diagnose", False) and opts.device == "tpu" and row.get("status") in DIAGNOSED:
+            emit("phase", mode)  # a fresh --timeout budget for the diagnosis (about 3 runs of the entry)
             row.update(diagnose(entry, built, mode, opts, ref, fp64, overrides))
         emit("row", row)
 
