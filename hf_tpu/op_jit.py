@@ -12,9 +12,12 @@ ops (their key must advance on every call) run eagerly instead.
 from __future__ import annotations
 
 import functools
+import os
 from collections.abc import Callable
 from typing import Any
 
+# HF_TPU_EAGER_JIT=0 runs lowerings primitive by primitive (JAX's own eager mode) instead.
+ENABLED = os.environ.get("HF_TPU_EAGER_JIT", "1") != "0"
 _untraceable: set[Any] = set()
 _programs: dict[Any, Callable[..., Any]] = {}
 
@@ -31,7 +34,7 @@ def _is_array(x: Any) -> bool:
 
 def call(op: Any, fn: Callable[..., Any], args: tuple, kwargs: dict, precision: str, eligible: bool) -> Any:
     """fn(*args, **kwargs), through a cached jit program when possible."""
-    if not eligible or op in _untraceable:
+    if not eligible or op in _untraceable or not ENABLED:
         return fn(*args, **kwargs)
     # Split the call into array leaves (traced) and a hashable static skeleton.
     arrays: list[Any] = []

@@ -31,9 +31,10 @@ def jax() -> Any:
         try:
             path.mkdir(parents=True, exist_ok=True)
             _jax.config.update("jax_compilation_cache_dir", str(path))
-            # Whole-graph programs are worth caching however fast they compiled on this machine;
-            # the tiny per-op programs of eager mode stay in memory only (below 0.05 s).
-            _jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.05)
+            # Cache every program, the tiny per-op programs of eager mode too: a sweep compiles thousands
+            # of them, and loading one skips XLA's LLVM stage, most of its cost.
+            min_s = float(os.environ.get("HF_TPU_CACHE_MIN_COMPILE_S", "0"))
+            _jax.config.update("jax_persistent_cache_min_compile_time_secs", min_s)
             _jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
         except OSError:  # an unwritable cache directory costs speed, not correctness
             pass

@@ -27,7 +27,7 @@ SKIP = {
 # The floor: the number of (op, dtype) pairs that must pass. Raise it when lowerings improve.
 # Measured 2026-11-29: 1213 pass of 1407 (op, dtype) pairs (full), see the issue note.
 FLOOR = 1150
-FLOOR_SAMPLE = 200  # measured 217 of 241
+FLOOR_SAMPLE = 120  # measured 130 of 144
 
 
 def _to_tpu(x):
@@ -112,8 +112,8 @@ def _run(stride: int, samples: int, floor: int, capsys) -> None:
 
 @pytest.mark.usefixtures("highest")
 def test_opinfo_parity_sample(capsys) -> None:
-    """CI's share: every 6th OpInfo op, one sample each (the full database runs under -m slow)."""
-    _run(stride=6, samples=1, floor=FLOOR_SAMPLE, capsys=capsys)
+    """CI's share: every 10th OpInfo op, one sample each (the full database runs under -m slow)."""
+    _run(stride=10, samples=1, floor=FLOOR_SAMPLE, capsys=capsys)
 
 
 @pytest.mark.slow
