@@ -74,12 +74,12 @@ R_IMAGE = _rx(r"image_size", r"img_size", r"input_size", r"image_resolution")
 R_STAGE_WIDTHS = _rx(r"hidden_sizes", r"embed_dims", r"dims", r"embedding_sizes", r"channels", r"hidden_dims",
                      r"neck_hidden_sizes", r"encoder_hidden_sizes", r"conv_dim", r"block_out_channels",
                      r"stage_channels", r"widths", r"out_channels_list", r"decoder_hidden_sizes",
-                     r"encoder_hidden_dims", r"tdnn_dim", r"embed_dim")
+                     r"encoder_hidden_dims", r"tdnn_dim", r"embed_dim", r"embed_dim_per_stage")
 R_STAGE_DEPTHS = _rx(r"depths", r"num_layers_per_stage", r"layers", r"block_layers", r"stage_depths",
                      r"num_blocks_per_stage", r"block_repeats", r"encoder_layers_per_stage", r"stage_num_blocks",
-                     r"depth")
+                     r"depth", r"blocks_per_stage")
 R_STAGE_HEADS = _rx(r"num_heads", r"num_attention_heads", r"heads", r"attention_heads", r"encoder_attention_heads",
-                    r"num_heads_per_stage")
+                    r"num_heads_per_stage", r"num_attention_heads_per_stage")
 # Scaling factors of EfficientNet/MobileNet-style families (channel and repeat multipliers).
 _MULTIPLIERS = {"width_coefficient": 0.25, "depth_coefficient": 0.5, "width_multiplier": 0.25}
 # Lists whose length is a stage/feature count that must not be cut even if it equals the layer count.
@@ -210,6 +210,7 @@ def shrink_dict(d: dict[str, Any], size: Size = Size(), model_type: str | None =
             if new is not None:
                 d[k] = new
 
+    _fix_stage_lists(d, old)
     _fix_layer_lists(d, old, old_layers, size)
     _fix_out_indices(d, old, old_layers)
     _fix_feature_layers(d)
@@ -294,6 +295,22 @@ def _fix_out_indices(d: dict[str, Any], old: dict[str, Any], old_layers: int | N
 
 def old_hidden_of(old: dict[str, Any]) -> int:
     return next((old[k] for k in ("hidden_size", "d_model") if _is_int(old.get(k))), 0)
+
+
+def _fix_stage_lists(d: dict[str, Any], old: dict[str, Any]) -> None:
+    """A stem width that was the first stage's width stays so; block indices stay inside the fewer blocks."""
+    for k, v in d.items():
+        if R_STAGE_WIDTHS.match(k) and isinstance(v, list) and v and isinstance(old.get(k), list) and v != old[k]:
+            for hk in ("hidden_size", "embed_dim", "embedding_size"):
+                if _is_int(d.get(hk)) and old.get(hk) == old[k][0]:
+                    d[hk] = v[0]
+    depths = next((d[k] for k in d if R_STAGE_DEPTHS.match(k) and isinstance(d[k], list)
+                   and all(_is_int(x) for x in d[k])), None)
+    blocks = d.get("global_attention_blocks")
+    if depths and isinstance(blocks, list) and blocks and all(_is_int(x) for x in blocks):
+        d["global_attention_blocks"] = sorted({min(x, sum(depths) - 1) for x in blocks})
+    if isinstance(d.get("window_size_per_stage"), list):
+        d["window_size_per_stage"] = [min(x, 2) if _is_int(x) else x for x in d["window_size_per_stage"]]
 
 
 def _fix_feature_layers(d: dict[str, Any]) -> None:
