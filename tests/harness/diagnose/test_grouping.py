@@ -62,3 +62,10 @@ def test_tables_unchanged_without_diagnosis(tmp_path) -> None:
     md = cov.coverage_markdown(df)
     assert "located op" not in md and "Accuracy failures by located op" not in md
     assert cov.crash_table(df).iloc[0]["failing_op"] == "aten::x.default"
+
+
+def test_cli_unknown_entry_exits_2(capsys) -> None:
+    from harness.cli import main
+
+    assert main(["diagnose", "test/no_such_kind"]) == 2
+    assert "unknown test entry" in capsys.readouterr().err
