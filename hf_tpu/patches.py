@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import contextvars
 import functools
-import importlib.abc
 import importlib.util
 import os
 import sys
@@ -383,7 +382,7 @@ def _apply(name: str, module: Any) -> None:
         patch(module)
 
 
-class _PatchingFinder(importlib.abc.MetaPathFinder):
+class _PatchingFinder:  # a meta path finder (duck-typed: importlib.abc costs ~15 ms at import torch)
     """Finds a target module with the other finders, and wraps its loader's `exec_module` so that the
     module is patched as soon as its code has run (before `from x import name` elsewhere copies names)."""
 
