@@ -120,7 +120,7 @@ def _walk(g: Graph, precision: str, tol, want_op: str, compare_values: bool) -> 
             env[n] = next(it, None)
             continue
         if n.op == "get_attr":
-            env[n] = getattr(g.gm, n.target)
+            env[n] = clone_cpu(getattr(g.gm, n.target))  # lifted constants may live on tpu
             continue
         if n.op == "output":
             return None

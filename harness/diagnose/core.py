@@ -45,7 +45,7 @@ from harness.diagnose.ops import (
     to_device,
 )
 from harness.sweep import errors, numerics
-from harness.sweep.runner import output_tensors, prepare_inputs, prepare_model, to_cpu
+from harness.sweep.runner import _during_compile, output_tensors, prepare_inputs, prepare_model, to_cpu
 
 FAILING = ("fail_accuracy", "fail_to_run", "compile_fail")
 
@@ -231,9 +231,8 @@ def diagnose_built(built, entry_id: str, mode: str = "eager", *, out_dir: str | 
 
     if run_exc is not None:
         d.status = "fail_to_run"
-        if mode == "compiled" and (errors.is_compile_error(run_exc) or any(g.error is not None for g in graphs)
-                                   or t_exc is None):
-            d.status = "compile_fail"
+        if mode == "compiled" and (errors.is_compile_error(run_exc) or _during_compile(run_exc)):
+            d.status = "compile_fail"  # the sweep's rule (harness/sweep/runner.py)
         cause = errors.root_cause(run_exc)
         d.error_type, d.error_message = type(cause).__name__, _first_line(cause)
         d.located_op = errors.failing_op(run_exc)
