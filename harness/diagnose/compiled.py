@@ -125,6 +125,7 @@ def _walk(g: Graph, precision: str, tol, want_op: str, compare_values: bool) -> 
         if n.op == "output":
             return None
         args, kwargs = torch.fx.node.map_arg((n.args, n.kwargs), lambda a: env[a])
+        args, kwargs = _on_cpu(args), _on_cpu(kwargs)  # factories name device=tpu: their CPU twin runs on CPU
         if n.op != "call_function":
             continue
         if not isinstance(n.target, torch._ops.OpOverload):
@@ -162,6 +163,18 @@ def _walk(g: Graph, precision: str, tol, want_op: str, compare_values: bool) -> 
                 call.out = clone_cpu(cpu_out)
                 return NodeFinding(n.name, name, module, cls, call, "differs", diffs[0].reason, diffs)
     return None
+
+
+def _on_cpu(obj: Any) -> Any:
+    if isinstance(obj, torch.device) and obj.type != "cpu":
+        return torch.device("cpu")
+    if isinstance(obj, torch.Tensor) and obj.device.type != "cpu":
+        return obj.detach().cpu()
+    if isinstance(obj, dict):
+        return {k: _on_cpu(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)) and not hasattr(obj, "_fields"):
+        return type(obj)(_on_cpu(v) for v in obj)
+    return obj
 
 
 def _to_jax(obj: Any, T) -> Any:
