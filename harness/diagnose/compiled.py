@@ -102,7 +102,10 @@ def _cpu_env_inputs(g: Graph) -> list:
 def locate_in_graphs(graphs: list[Graph], precision: str, tol, want_op: str = "", compare_values: bool = False) -> NodeFinding | None:
     """Walk each graph on CPU (PyTorch kernels) and, per node, run hf_tpu's lowering on the same inputs."""
     for g in graphs:
-        f = _walk(g, precision, tol, want_op, compare_values)
+        try:
+            f = _walk(g, precision, tol, want_op, compare_values)
+        except Exception:  # noqa: BLE001  (a graph the walker cannot replay on CPU: the next one may tell)
+            continue
         if f is not None:
             return f
     return None

@@ -476,8 +476,9 @@ def _locate_compiled_failure(d: Diagnosis, graphs, exc, precision, tol, cpu_mode
                  f"compiled run failed: {d.error_type}: {reason}") + (f" at {loc}" if loc else "")
     if d.graph_breaks and not d.located_op:
         first = d.graph_breaks[0]
-        d.located_op = f"graph break: {first.split(' (x')[0]}"[:160]
         d.summary += f"; first graph break: {first}"
+        if errors.is_compile_error(exc):  # Dynamo's own error: the graph break is the cause
+            d.located_op = f"graph break: {first.split(' (x')[0]}"[:160]
     if _traced_into_backend(exc, d.graph_breaks):
         d.notes.append("Dynamo traced into hf_tpu's eager dispatch / JAX (tpu tensor internals) after a graph break: "
                        "the compiled run executes backend Python code under Dynamo")
