@@ -69,7 +69,6 @@ class _Sampler(threading.Thread):
 def child(path: str, device_map: str) -> dict:
     import torch
     import transformers
-
     import transformers.models.gpt2.modeling_gpt2  # noqa: F401 - importing model code is not loading weights
 
     transformers.utils.logging.disable_progress_bar()

@@ -7,9 +7,8 @@ it (see _autoload.py); importing hf_tpu is only needed for the functions below.
 
 from __future__ import annotations
 
-from typing import Any
-
 import os as _os
+from typing import Any
 
 from hf_tpu import device as _device
 from hf_tpu import patches as _patches

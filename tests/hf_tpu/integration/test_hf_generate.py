@@ -2,7 +2,6 @@
 (static cache), with the number of XLA compilations of a 16-token generation bounded."""
 
 import pytest
-import torch
 from _hf_tiny import gpt2, llama, save_tiny, t5, token_inputs
 
 import hf_tpu

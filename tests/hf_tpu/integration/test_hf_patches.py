@@ -11,8 +11,6 @@ import pytest
 import torch
 from _hf_tiny import llama, save_tiny
 
-import hf_tpu.patches as patches
-
 
 @pytest.fixture(scope="module")
 def llama_dir(tmp_path_factory):
