@@ -48,8 +48,8 @@ def build_parser(argv: list[str]) -> tuple[argparse.ArgumentParser, dict[str, ob
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv:
-        argv = ["sweep"]  # the main job: `hf-tpu` alone runs the smoke sweep
+    if not argv or (argv[0].startswith("-") and argv[0] not in ("-h", "--help")):
+        argv = ["sweep", *argv]  # the main job: `hf-tpu [sweep options]` runs the sweep
     parser, modules = build_parser(argv)
     args = parser.parse_args(argv)
     if args.command is None:

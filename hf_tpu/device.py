@@ -199,6 +199,17 @@ PER_OP_KERNELS = (
 _aten_lib: torch.library.Library | None = None
 
 
+def _never_traced_by_dynamo(fn: Any) -> Any:
+    """Keep TorchDynamo out of our kernels and everything they call.
+
+    After a graph break, Dynamo evaluates the frames that run eagerly, and our Python kernels are frames:
+    without this it would try to trace hf_tpu's dispatch and JAX itself (and fail). (SKIP, SKIP) skips the
+    frame and all frames it calls; set through torch._C so that `import torch` does not import Dynamo."""
+    ev = torch._C._dynamo.eval_frame
+    ev.set_code_exec_strategy(fn.__code__, ev._FrameExecStrategy(ev._FrameAction.SKIP, ev._FrameAction.SKIP))
+    return fn
+
+
 def real_torch_tpu_present() -> bool:
     """torch_tpu is installed and TPU chips are attached: then it serves `tpu`, not us."""
     import glob
@@ -223,6 +234,8 @@ def register() -> bool:
 
     from hf_tpu import precision
 
+    for fn in (_fallback, _direct):
+        _never_traced_by_dynamo(fn)
     _setup_privateuseone_for_python_backend(NAME, backend_module=TpuModule(), hook=_Hooks(), device_guard=_Guard())
     _lib = torch.library.Library("_", "IMPL")  # noqa: TOR901 - a backend fallback, held for the process
     _lib.fallback(_fallback, "PrivateUse1")

@@ -103,3 +103,19 @@ def test_input_mutation_is_written_back(highest) -> None:
     total = torch.compile(f, backend="tpu")(cache, torch.tensor([1], device="tpu"), torch.ones(1, 2, device="tpu"))
     assert total.cpu().item() == 2.0
     assert cache.cpu().tolist() == [[0, 0], [1, 1], [0, 0], [0, 0]]
+
+
+def test_eager_ops_after_a_graph_break_are_not_traced_by_dynamo(highest) -> None:
+    """After a data-dependent graph break, the rest runs eagerly through our kernels: Dynamo must not
+    try to trace hf_tpu's dispatch (it used to, failing with "'NoneType' object has no attribute ...")."""
+    _fresh()
+
+    def f(x):
+        y = x * 2
+        n = int(torch.nonzero(y > 0).shape[0])  # data-dependent: a graph break
+        return (y + n).sum()
+
+    x = torch.randn(8)
+    out = torch.compile(f, backend="tpu")(x.to("tpu"))
+    torch.testing.assert_close(out.cpu(), f(x))
+    assert hf_tpu.compile_stats()["graph_breaks"] >= 1
