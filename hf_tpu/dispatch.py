@@ -366,7 +366,22 @@ def _set_source_tensor(t: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
     return t
 
 
+def _view_as_real(src: torch.Tensor) -> torch.Tensor:
+    # A view that reinterprets dtype cannot be an index into the same buffer: tpu gives a copy. In-place
+    # writes through it do not reach the complex tensor (rare: FFT-based models only read it).
+    jnp = T._jnp()
+    v = T.value(src)
+    return T.wrap(jnp.stack([jnp.real(v), jnp.imag(v)], axis=-1))
+
+
+def _view_as_complex(src: torch.Tensor) -> torch.Tensor:
+    v = T.value(src)
+    return T.wrap(v[..., 0] + 1j * v[..., 1])
+
+
 SPECIAL: dict[Any, Callable[..., Any]] = {
+    aten.view_as_real.default: _view_as_real,
+    aten.view_as_complex.default: _view_as_complex,
     aten.empty.memory_format: _empty,
     aten.empty_strided.default: _empty_strided,
     aten._copy_from.default: _copy_from,

@@ -151,15 +151,18 @@ def view_reshape(src: torch.Tensor, size: list[int]) -> torch.Tensor:
 
 
 def from_cpu(t: torch.Tensor) -> Any:
-    """A CPU tensor's value as a JAX array (a copy)."""
-    jnp = _jnp()
+    """A CPU tensor's value as a JAX array: one copy (jnp.asarray measured two). The copy is made in numpy
+    because on XLA:CPU device_put may alias the numpy buffer, which the CPU tensor could later change."""
+    from hf_tpu import runtime
+
+    jax = runtime.jax()
     dtypes.check(t.dtype)
     t = t.detach().resolve_conj().resolve_neg()
     if t.dtype == torch.bfloat16:
         # numpy has no bfloat16: move the bits, then reinterpret them
         bits = t.contiguous().view(torch.int16).numpy()
-        return jnp.asarray(bits).view(jnp.bfloat16)
-    return jnp.asarray(t.contiguous().numpy())
+        return jax.device_put(np.array(bits, copy=True)).view(jax.numpy.bfloat16)
+    return jax.device_put(np.array(t.contiguous().numpy(), copy=True))
 
 
 def to_cpu(array: Any, dtype: torch.dtype) -> torch.Tensor:

@@ -176,3 +176,17 @@ def test_random_reproducible() -> None:
     w = torch.empty(64, device="tpu")
     torch.nn.init.uniform_(w, -1, 1)
     assert w.cpu().min() >= -1 and w.cpu().max() <= 1 and w.cpu().std() > 0.3
+
+
+def test_cpu_source_is_copied_not_aliased() -> None:
+    c = torch.arange(4, dtype=torch.float32)
+    t = c.to("tpu")
+    c.add_(100)  # the tpu tensor must keep the value it was given
+    assert t.cpu().tolist() == [0.0, 1.0, 2.0, 3.0]
+
+
+def test_view_as_real_and_complex() -> None:
+    x = torch.randn(3, 4, dtype=torch.complex64)
+    assert torch.equal(torch.view_as_real(x.to("tpu")).cpu(), torch.view_as_real(x))
+    r = torch.randn(3, 4, 2)
+    assert torch.equal(torch.view_as_complex(r.to("tpu")).cpu(), torch.view_as_complex(r))
