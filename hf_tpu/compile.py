@@ -9,7 +9,6 @@ turns off Dynamo's automatic dynamic shapes, so `dynamic=None` behaves as `dynam
 from __future__ import annotations
 
 import functools
-import operator
 import threading
 import time
 from collections.abc import Callable
@@ -19,8 +18,8 @@ import torch
 from torch.utils import _pytree as pytree
 
 from hf_tpu import dtypes, lowering, precision
-from hf_tpu.torchax_compat import load_op_table
 from hf_tpu import tensor as T
+from hf_tpu.torchax_compat import load_op_table
 
 _stats_lock = threading.Lock()
 _stats = {"graphs": 0, "compilations": 0, "cache_hits": 0, "cache_misses": 0}
@@ -169,7 +168,7 @@ def _compiler(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable[.
             _bump_time("xla_s", time.perf_counter() - start)
         leaves, spec = pytree.tree_flatten(out)
         res = []
-        for x, dt in zip(leaves, out_dtypes + [None] * (len(leaves) - len(out_dtypes))):
+        for x, dt in zip(leaves, out_dtypes + [None] * (len(leaves) - len(out_dtypes)), strict=True):
             if hasattr(x, "dtype") and hasattr(x, "shape"):
                 dt = dt or dtypes.to_torch(x.dtype)
                 x = T.wrap(x, dt) if on_tpu else T.to_cpu(x, dt)
@@ -199,10 +198,9 @@ def _decompositions() -> dict[Any, Any]:
 
 def tpu_backend(gm: torch.fx.GraphModule, example_inputs: list[Any], **kwargs: Any) -> Callable[..., Any]:
     """The Dynamo backend registered as "tpu" (entry point `torch_dynamo_backends`)."""
+    import torch._dynamo.config as dconfig
     from functorch.compile import make_boxed_func  # noqa: F401 - ensures functorch is initialised
     from torch._dynamo.backends.common import aot_autograd
-
-    import torch._dynamo.config as dconfig
 
     dconfig.automatic_dynamic_shapes = False  # TPU programs have static shapes
     _bump("graphs")

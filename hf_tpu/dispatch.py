@@ -426,7 +426,7 @@ def dispatch(op: Any, args: tuple, kwargs: dict) -> Any:
     kwargs = {k: v for k, v in kwargs.items() if k in fargs and v is not None}
     res = run_functional(func, args, kwargs)
     results = list(res) if isinstance(res, (list, tuple)) else [res]
-    for o, r in zip(outs, results):
+    for o, r in zip(outs, results, strict=False):
         v = T.value(r) if isinstance(r, torch.Tensor) and r.device.type == "tpu" else r
         if tuple(o.shape) != tuple(getattr(v, "shape", ())) and o.numel() != getattr(v, "size", -1):
             T.replace(o, v.astype(dtypes.to_jax(o.dtype)))

@@ -16,7 +16,6 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
 import torch
 
 from hf_tpu import dtypes, precision
@@ -27,12 +26,9 @@ aten = torch.ops.aten
 
 
 def _as_strided(x: Any, size: list[int], stride: list[int], storage_offset: int | None = None) -> Any:
-    idx = np.full([int(s) for s in size], int(storage_offset or 0), dtype=np.int64)
-    for d, (n, st) in enumerate(zip(size, stride)):
-        shape = [1] * len(size)
-        shape[d] = int(n)
-        idx = idx + (np.arange(int(n), dtype=np.int64) * int(st)).reshape(shape)
-    return x.reshape(-1)[idx]
+    from hf_tpu.tensor import strided_positions
+
+    return x.reshape(-1)[strided_positions(size, stride, int(storage_offset or 0))]
 
 
 def _zero(x: Any) -> Any:

@@ -115,13 +115,19 @@ def replace(t: torch.Tensor, new: Any) -> None:
     t.data = fresh  # shallow-copies size and StorageImpl in C++, so the payload follows
 
 
-def as_strided_index(src: torch.Tensor, size: list[int], stride: list[int], offset: int) -> np.ndarray:
-    """Flat buffer positions of `src.as_strided(size, stride, offset)`, read in src's logical frame."""
+def strided_positions(size: list[int], stride: list[int], offset: int) -> np.ndarray:
+    """Row-major element positions that `as_strided(size, stride, offset)` reads, as an array of `size`."""
     idx = np.full([int(s) for s in size], int(offset), dtype=np.int64)
-    for d, (n, st) in enumerate(zip(size, stride)):
+    for d, (n, st) in enumerate(zip(size, stride, strict=True)):
         shape = [1] * len(size)
         shape[d] = int(n)
         idx = idx + (np.arange(int(n), dtype=np.int64) * int(st)).reshape(shape)
+    return idx
+
+
+def as_strided_index(src: torch.Tensor, size: list[int], stride: list[int], offset: int) -> np.ndarray:
+    """Flat buffer positions of `src.as_strided(size, stride, offset)`, read in src's logical frame."""
+    idx = strided_positions(size, stride, offset)
     p = payload(src)
     base = _flat_positions(p, src.numel())
     if idx.size and (idx.min() < 0 or idx.max() >= base.size):

@@ -11,17 +11,9 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from harness.sweep import numerics
+from hf_tpu.lowering import op_name  # noqa: F401 - the spelling hf_tpu's errors use; re-exported here
 
 Tolerance = numerics.Tolerance
-
-
-def op_name(op: Any) -> str:
-    """`aten::gelu.default`, as PyTorch's errors and hf_tpu's `.op` spell it."""
-    try:
-        schema = op._schema
-        return f"{schema.name}.{schema.overload_name or 'default'}"
-    except AttributeError:
-        return str(op)
 
 
 def resolve_op(name: str) -> Any:
