@@ -71,7 +71,7 @@ def test_backward_matches_cpu(highest) -> None:
     compiled = torch.compile(dev, backend="tpu")
     compiled(x.to("tpu")).pow(2).mean().backward()
     cpu(x).pow(2).mean().backward()
-    for p, pt in zip(cpu.parameters(), dev.parameters()):
+    for p, pt in zip(cpu.parameters(), dev.parameters(), strict=True):
         assert pt.grad.device.type == "tpu"
         torch.testing.assert_close(pt.grad.cpu(), p.grad, rtol=1e-4, atol=1e-6)
     stats = hf_tpu.compile_stats()

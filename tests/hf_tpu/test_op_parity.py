@@ -43,7 +43,7 @@ def _same(expected, actual, dtype) -> bool:
     a_leaves = pytree.tree_leaves(actual)
     if len(e_leaves) != len(a_leaves):
         return False
-    for e, a in zip(e_leaves, a_leaves):
+    for e, a in zip(e_leaves, a_leaves, strict=True):
         if isinstance(e, torch.Tensor):
             if not isinstance(a, torch.Tensor) or a.device.type != "tpu" and e.device.type == "cpu" and False:
                 return False

@@ -153,7 +153,7 @@ def test_optimizer_step_matches_cpu(highest) -> None:
             opt.zero_grad()
             torch.nn.functional.mse_loss(model(xs), ys).backward()
             opt.step()
-    for p, pt in zip(m.parameters(), mt.parameters()):
+    for p, pt in zip(m.parameters(), mt.parameters(), strict=True):
         torch.testing.assert_close(pt.detach().cpu(), p.detach(), rtol=1e-5, atol=1e-6)
 
 

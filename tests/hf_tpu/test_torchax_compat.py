@@ -21,7 +21,7 @@ def test_loads_table_and_restores_torch() -> None:
     assert torch._ops.OpOverloadPacket.__getattr__ is getattr_before
     assert torch.utils.rename_privateuse1_backend is rename_before
     try:
-        torch.ops.aten.prod.dim_Dimname
+        _ = torch.ops.aten.prod.dim_Dimname
         raise AssertionError("torch 2.13 has no aten.prod.dim_Dimname; the tolerant lookup leaked")
     except AttributeError:
         pass
