@@ -168,7 +168,7 @@ def _compiler(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable[.
             _bump_time("xla_s", time.perf_counter() - start)
         leaves, spec = pytree.tree_flatten(out)
         res = []
-        for x, dt in zip(leaves, out_dtypes + [None] * (len(leaves) - len(out_dtypes)), strict=True):
+        for x, dt in zip(leaves, out_dtypes + [None] * (len(leaves) - len(out_dtypes)), strict=False):
             if hasattr(x, "dtype") and hasattr(x, "shape"):
                 dt = dt or dtypes.to_torch(x.dtype)
                 x = T.wrap(x, dt) if on_tpu else T.to_cpu(x, dt)
