@@ -27,7 +27,9 @@ _fallback_counts: collections.Counter[str] = collections.Counter()
 _lock = threading.Lock()
 
 
+@functools.cache
 def launch_blocking() -> bool:
+    # Read once per process: it is consulted on every op, and os.environ lookups showed up in profiles.
     return os.environ.get("TORCH_TPU_LAUNCH_BLOCKING", os.environ.get("TPU_LAUNCH_BLOCKING", "0")) == "1"
 
 

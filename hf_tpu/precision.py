@@ -10,6 +10,7 @@ a bfloat16 x bfloat16 product is exact in float32, so rounding the operands *is*
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import threading
 from collections.abc import Iterator
@@ -61,6 +62,12 @@ def current() -> str:
         return f
     if _explicit is not None:
         return _explicit
+    return _env_default()
+
+
+@functools.cache
+def _env_default() -> str:
+    # Read once per process: current() runs on every op.
     return os.environ.get("HF_TPU_MATMUL_PRECISION", "medium")
 
 
