@@ -267,6 +267,22 @@ def trend_svg(points: list[dict]) -> str:
 # ---------------------------------------------------------------- page sections
 
 
+def _td(v: object, kind: str) -> str:
+    """One table cell; kind is text|num|cos|msg|status|cls|code (shared by every table on the page)."""
+    if kind in ("num", "cos"):
+        shown = cov.fmt_num(v, 6, fixed=True) if kind == "cos" else cov.fmt_num(v)
+        return f'<td class="num" data-v="{_e("" if pd.isna(v) else v)}">{_e(shown)}</td>'
+    if kind == "status":
+        return f'<td data-v="{_e(v)}">{_status_badge(str(v))}</td>'
+    if kind == "cls":
+        return f'<td class="cls cls-{_e(v)}">{_e(v)}</td>'
+    if kind == "code":
+        return f"<td><code>{_e(v)}</code></td>" if v else "<td></td>"
+    if kind == "msg":
+        return f'<td class="msg">{_e(v)}</td>'
+    return f"<td>{_e(v)}</td>"
+
+
 def _table(df: pd.DataFrame, cols: list[tuple[str, str, str]], table_id: str, empty: str) -> str:
     """cols: (column, header, kind) with kind in text|num|msg|status|code."""
     if df.empty:
@@ -274,21 +290,7 @@ def _table(df: pd.DataFrame, cols: list[tuple[str, str, str]], table_id: str, em
     head = "".join(f'<th class="{"num" if k in ("num", "cos") else ""}">{_e(h)}</th>' for _, h, k in cols)
     body = []
     for _, r in df.iterrows():
-        tds = []
-        for c, _, k in cols:
-            v = r[c]
-            if k in ("num", "cos"):
-                shown = cov.fmt_num(v, 6, fixed=True) if k == "cos" else cov.fmt_num(v)
-                tds.append(f'<td class="num" data-v="{_e("" if pd.isna(v) else v)}">{_e(shown)}</td>')
-            elif k == "status":
-                tds.append(f"<td>{_status_badge(str(v))}</td>")
-            elif k == "msg":
-                tds.append(f'<td class="msg">{_e(v)}</td>')
-            elif k == "code":
-                tds.append(f"<td><code>{_e(v)}</code></td>" if v else "<td></td>")
-            else:
-                tds.append(f"<td>{_e(v)}</td>")
-        body.append("<tr>" + "".join(tds) + "</tr>")
+        body.append("<tr>" + "".join(_td(r[c], k) for c, _, k in cols) + "</tr>")
     return f'<table id="{table_id}"><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table>'
 
 
@@ -358,20 +360,7 @@ def _entries_html(df: pd.DataFrame, comp: pd.DataFrame | None) -> str:
     for _, r in d.iterrows():
         text = " ".join(str(r[c]) for c in ("entry_id", "library", "task", "model_type", "model_class", "mode",
                                            "status", "error", "failing_op", "fallback_ops")).lower()
-        tds = []
-        for c, _, k in cols:
-            v = r[c]
-            if k in ("num", "cos"):
-                shown = cov.fmt_num(v, 6, fixed=True) if k == "cos" else cov.fmt_num(v)
-                tds.append(f'<td class="num" data-v="{_e("" if pd.isna(v) else v)}">{_e(shown)}</td>')
-            elif k == "status":
-                tds.append(f'<td data-v="{_e(v)}">{_status_badge(str(v))}</td>')
-            elif k == "cls":
-                tds.append(f'<td class="cls cls-{_e(v)}">{_e(v)}</td>')
-            elif k == "code":
-                tds.append(f"<td><code>{_e(v)}</code></td>" if v else "<td></td>")
-            else:
-                tds.append(f'<td class="{"msg" if k == "msg" else ""}">{_e(v)}</td>')
+        tds = [_td(r[c], k) for c, _, k in cols]
         body.append(
             f'<tr data-status="{_e(r["status"])}" data-mode="{_e(r["mode"])}" '
             f'data-cls="{_e(r["cls"]) if has_cls else ""}" data-text="{_e(text)}">' + "".join(tds) + "</tr>"
