@@ -459,15 +459,7 @@ def _locate_compiled_failure(d: Diagnosis, graphs, exc, precision, tol, cpu_mode
                      f"module {finding.module or '<model>'}"
                      + (f" ({finding.module_class})" if finding.module_class else "")
                      + (f", inputs {', '.join(d.op_inputs)}" if d.op_inputs else "") + f": {finding.detail}")
-        if out_dir is not None:
-            try:
-                d.repro_path = str(R.write_op_repro(out_dir / "repro.py", finding.call.op, finding.call.args,
-                                                    finding.call.kwargs, mode="compiled", tol=d.tol,
-                                                    precision=d.precision, dtype=d.dtype, entry_id=d.entry_id,
-                                                    module=finding.module, module_class=finding.module_class,
-                                                    summary=d.summary))
-            except ValueError as e:
-                d.notes.append(f"op repro not possible: {e}")
+        _write_compiled_op_repro(d, finding, out_dir)
         return
     # no graph reached the backend, or the failure is Dynamo's own (a graph break it could not handle)
     loc = _user_code(exc)
@@ -535,15 +527,7 @@ def _locate_compiled_divergence(d: Diagnosis, graphs, precision, tol, out_dir) -
     d.summary = (f"{finding.op} (compiled graph node {finding.node}) in {finding.module or '<model>'}"
                  f"{' (' + finding.module_class + ')' if finding.module_class else ''} differs from CPU on the same "
                  f"inputs: {finding.detail}")
-    if out_dir is not None:
-        try:
-            d.repro_path = str(R.write_op_repro(out_dir / "repro.py", finding.call.op, finding.call.args,
-                                                finding.call.kwargs, mode="compiled", tol=d.tol,
-                                                precision=d.precision, dtype=d.dtype, entry_id=d.entry_id,
-                                                module=finding.module, module_class=finding.module_class,
-                                                summary=d.summary))
-        except ValueError as e:
-            d.notes.append(f"op repro not possible: {e}")
+    _write_compiled_op_repro(d, finding, out_dir)
 
 
 def _finish(d: Diagnosis, start: float, out_dir: Path | None) -> Diagnosis:
@@ -609,3 +593,17 @@ def diagnose_row(entry, built, mode: str, opts, ref: dict | None = None, fp64: d
 
 def load(path: str | Path) -> dict:
     return json.loads(Path(path).read_text())
+
+
+def _write_compiled_op_repro(d: Any, finding: Any, out_dir: Path | None) -> None:
+    """The op repro for a finding in a compiled graph (both the failing-op and the differing-op cases)."""
+    if out_dir is None:
+        return
+    try:
+        d.repro_path = str(R.write_op_repro(out_dir / "repro.py", finding.call.op, finding.call.args,
+                                            finding.call.kwargs, mode="compiled", tol=d.tol,
+                                            precision=d.precision, dtype=d.dtype, entry_id=d.entry_id,
+                                            module=finding.module, module_class=finding.module_class,
+                                            summary=d.summary))
+    except ValueError as e:
+        d.notes.append(f"op repro not possible: {e}")
