@@ -27,6 +27,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from harness.zoo.entry import ZooEntry
+
 KINDS = ("pass", "raise", "compile", "abort", "sleep", "oom", "perturb", "baseline", "missing", "slow")
 DEFAULT_SET = ("pass", "raise", "compile", "abort", "sleep", "oom", "perturb", "baseline", "missing")
 EXPECTED_STATUS = {
@@ -45,14 +47,9 @@ class TestBuilt:
 
 
 @dataclass(frozen=True)
-class TestEntry:
-    id: str
-    library: str
-    model_type: str
-    model_class: str
-    task: str
-    available: bool = True
-    reason: str = ""
+class TestEntry(ZooEntry):
+    """A zoo entry (same fields, same contract) that misbehaves on purpose, as `kind` says."""
+
     kind: str = "pass"
 
     def build(self, seed: int = 0) -> TestBuilt:
