@@ -67,6 +67,13 @@ def payload(t: torch.Tensor) -> Payload:
         ) from None
 
 
+def storage_identity(t: torch.Tensor) -> tuple[int, int]:
+    """(id, nbytes) of the device buffer `t` reads: equal for a tensor, its views and its aliases, as a
+    storage's data pointer is for a CPU tensor (a tpu tensor's PyTorch storage has no data pointer)."""
+    buf = payload(t).buf
+    return id(buf), int(buf.array.size) * buf.array.dtype.itemsize
+
+
 def is_tpu(t: Any) -> bool:
     return isinstance(t, torch.Tensor) and t.device.type == "tpu"
 
@@ -156,19 +163,25 @@ def view_reshape(src: torch.Tensor, size: list[int]) -> torch.Tensor:
     return make_view(src, size, idx)
 
 
-def from_cpu(t: torch.Tensor) -> Any:
+def from_cpu(t: torch.Tensor, adopt: bool = False) -> Any:
     """A CPU tensor's value as a JAX array: one copy (jnp.asarray measured two). The copy is made in numpy
-    because on XLA:CPU device_put may alias the numpy buffer, which the CPU tensor could later change."""
+    because on XLA:CPU device_put may alias the numpy buffer, which the CPU tensor could later change.
+    `adopt=True` is for a buffer nobody else will touch (a tensor just read from a checkpoint): the array
+    then shares its memory where XLA can (XLA:CPU, aligned data), and no copy is made. JAX arrays are
+    immutable and hf_tpu donates no buffers, so the shared memory is only ever read."""
     from hf_tpu import runtime
 
     jax = runtime.jax()
     dtypes.check(t.dtype)
     t = t.detach().resolve_conj().resolve_neg()
     if t.dtype == torch.bfloat16:
-        # numpy has no bfloat16: move the bits, then reinterpret them
-        bits = t.contiguous().view(torch.int16).numpy()
-        return jax.device_put(np.array(bits, copy=True)).view(jax.numpy.bfloat16)
-    return jax.device_put(np.array(t.contiguous().numpy(), copy=True))
+        import ml_dtypes  # JAX's own numpy bfloat16
+
+        # torch will not hand numpy a bfloat16 array: move the bits, then view them as ml_dtypes' bfloat16
+        host = t.contiguous().view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+    else:
+        host = t.contiguous().numpy()
+    return jax.device_put(host, may_alias=True) if adopt else jax.device_put(np.array(host, copy=True))
 
 
 def to_cpu(array: Any, dtype: torch.dtype) -> torch.Tensor:
