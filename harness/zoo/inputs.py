@@ -151,6 +151,13 @@ def time_series_inputs(config: Any, params: dict[str, Any], g: torch.Generator) 
     return out
 
 
+def decision_inputs(ids: torch.Tensor) -> dict[str, Any]:
+    """Decision heads (JEV) score the options of questions asked in one prompt: one question of each type
+    (noul, score, choice), marked at a token of the prompt, with a few options each."""
+    marks = torch.tensor([[ids.shape[1] // 4, ids.shape[1] // 2, ids.shape[1]]])  # 1-based: the token before
+    return {"marks": marks, "num_options": torch.tensor([[2, 3, 4]]), "question_type_ids": torch.tensor([[0, 1, 2]])}
+
+
 def forward_params(model: torch.nn.Module) -> dict[str, inspect.Parameter]:
     return dict(inspect.signature(model.forward).parameters)
 
@@ -186,6 +193,8 @@ def build_inputs(model: torch.nn.Module, config: Any, model_class: str, seed: in
         # LXMERT-style: pre-extracted region features and their boxes
         out["visual_feats"] = torch.randn(BATCH, 8, find(config, "visual_feat_dim") or 2048, generator=g)
         out["visual_pos"] = torch.rand(BATCH, 8, find(config, "visual_pos_dim") or 4, generator=g)
+    if {"marks", "num_options", "question_type_ids"} <= params.keys() and "input_ids" in out:
+        out.update(decision_inputs(out["input_ids"]))
     if "input_values" in params:
         out.update(audio_values(config, g))
     if "input_features" in params:

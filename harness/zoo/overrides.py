@@ -32,6 +32,26 @@ def _still_images(inputs: dict[str, Any]) -> dict[str, Any]:
         return {**inputs, "pixel_values": pixels[:, 0]}
     return inputs
 
+def _codebook_rows(model: Any, config: Any, inputs: dict[str, Any], seed: int) -> dict[str, Any]:
+    """MusicGen decoders read one token row per codebook: (batch * num_codebooks, seq) audio codes. The
+    conditional model gets its codes as decoder_input_ids (the audio prompt, input_values, only replaces
+    them) and MusicGen-Melody its melody as (batch, frames, num_chroma) chroma features."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    dec = getattr(config, "decoder", None) or config
+    k, vocab = dec.num_codebooks, dec.vocab_size
+    out = {key: v for key, v in inputs.items() if key != "input_values"}
+    key = "decoder_input_ids" if "decoder_input_ids" in inputs else "input_ids"
+    batch, seq = inputs[key].shape
+    out[key] = torch.randint(0, vocab, (batch * k, seq), generator=g)
+    if key == "input_ids" and "attention_mask" in inputs:
+        out["attention_mask"] = torch.ones(batch * k, seq, dtype=torch.long)
+    if "input_features" in inputs and getattr(config, "num_chroma", None):
+        out["input_features"] = torch.rand(batch, 8, config.num_chroma, generator=g)
+    return out
+
+
 RULES: dict[str, Rule] = {
     # X-MOD routes every batch through a language adapter and refuses input without a language.
     "xmod": Rule(config={"default_language": "en_XX"}),
@@ -66,6 +86,9 @@ RULES: dict[str, Rule] = {
     "reformer": Rule(config={"axial_pos_embds_dim": [16, 48], "axial_pos_shape": [4, 4], "max_position_embeddings": 16,
                              "lsh_attn_chunk_length": 4, "local_attn_chunk_length": 4, "num_buckets": 2}),
     "mobilebert": Rule(config={"embedding_size": 64, "intra_bottleneck_size": 64, "true_hidden_size": 64}),
+    # MusicGen decoders take one row of audio codes per codebook, not one row of text tokens per sample.
+    "musicgen": Rule(inputs=_codebook_rows),
+    "musicgen_melody": Rule(inputs=_codebook_rows),
 }
 
 

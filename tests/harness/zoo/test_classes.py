@@ -1,0 +1,37 @@
+"""Entries whose class takes another config than their model_type's, or inputs beyond the usual modalities."""
+
+import torch
+from transformers import JevConfig, Qwen3_5TextConfig
+
+from harness.zoo import load_zoo, output_tensors, select
+from harness.zoo.inputs import build_inputs
+from harness.zoo.transformers_zoo import config_for_class, model_class, tiny_config
+
+
+def _entry(entry_id):
+    (entry,) = select(load_zoo("full"), match=f"^{entry_id}$")
+    return entry
+
+
+def test_text_head_of_a_composite_model_gets_the_text_sub_config():
+    config = config_for_class(model_class("Qwen3_5ForCausalLM"), tiny_config("qwen3_5"))
+    assert isinstance(config, Qwen3_5TextConfig) and config.hidden_size == 64
+
+
+def test_head_on_a_whole_model_wraps_its_config():
+    config = config_for_class(model_class("JevForDecision"), tiny_config("qwen2"))
+    assert isinstance(config, JevConfig)
+    assert config.text_config.model_type == "qwen2" and config.hidden_size == config.text_config.hidden_size
+
+
+def test_decision_head_gets_marked_questions():
+    built = _entry("transformers/qwen2/JevForDecision").build(seed=0)
+    assert {"marks", "num_options", "question_type_ids"} <= built.inputs.keys()
+    assert int(built.inputs["marks"].max()) <= built.inputs["input_ids"].shape[1]
+    scores = output_tensors(built.run())
+    assert scores and all(torch.isfinite(t).all() for t in scores.values())
+
+
+def test_inputs_of_a_plain_model_have_no_decision_keys():
+    built = _entry("transformers/qwen2/Qwen2ForCausalLM").build(seed=0)
+    assert "marks" not in build_inputs(built.model, built.model.config, "Qwen2ForCausalLM")
