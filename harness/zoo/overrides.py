@@ -85,6 +85,12 @@ RULES: dict[str, Rule] = {
     # Reformer's axial position embeddings factor the sequence (4 x 4 = 16 tokens) and split hidden (16 + 48).
     "reformer": Rule(config={"axial_pos_embds_dim": [16, 48], "axial_pos_shape": [4, 4], "max_position_embeddings": 16,
                              "lsh_attn_chunk_length": 4, "local_attn_chunk_length": 4, "num_buckets": 2}),
+    # SAM adds the image encoder neck (output_channels) and its positional encoding (2 * num_pos_feats) to
+    # prompt embeddings of hidden_size;
+    # SAM-HQ's mask decoder also reads the encoder's early features (vit_dim: the encoder's width).
+    "sam": Rule(config={"vision_config": {"output_channels": 64, "num_pos_feats": 32}}),
+    "sam_hq": Rule(config={"vision_config": {"output_channels": 64, "num_pos_feats": 32},
+                           "mask_decoder_config": {"vit_dim": 64}}),
     "mobilebert": Rule(config={"embedding_size": 64, "intra_bottleneck_size": 64, "true_hidden_size": 64}),
     # MusicGen decoders take one row of audio codes per codebook, not one row of text tokens per sample.
     "musicgen": Rule(inputs=_codebook_rows),

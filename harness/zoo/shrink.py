@@ -214,6 +214,7 @@ def shrink_dict(d: dict[str, Any], size: Size = Size(), model_type: str | None =
     _fix_layer_lists(d, old, old_layers, size)
     _fix_out_indices(d, old, old_layers)
     _fix_feature_layers(d)
+    _fix_feature_maps(d, old)
     _fix_heads(d, old)
     if _top:
         _fix_token_ids(d)
@@ -304,13 +305,79 @@ def _fix_stage_lists(d: dict[str, Any], old: dict[str, Any]) -> None:
             for hk in ("hidden_size", "embed_dim", "embedding_size"):
                 if _is_int(d.get(hk)) and old.get(hk) == old[k][0]:
                     d[hk] = v[0]
-    depths = next((d[k] for k in d if R_STAGE_DEPTHS.match(k) and isinstance(d[k], list)
-                   and all(_is_int(x) for x in d[k])), None)
+    depth_key = next((k for k in d if R_STAGE_DEPTHS.match(k) and isinstance(d[k], list)
+                      and all(_is_int(x) for x in d[k])), None)
     blocks = d.get("global_attention_blocks")
-    if depths and isinstance(blocks, list) and blocks and all(_is_int(x) for x in blocks):
-        d["global_attention_blocks"] = sorted({min(x, sum(depths) - 1) for x in blocks})
+    if depth_key and isinstance(blocks, list) and blocks and all(_is_int(x) for x in blocks):
+        _move_global_blocks(d, depth_key, old.get(depth_key), blocks)
     if isinstance(d.get("window_size_per_stage"), list):
         d["window_size_per_stage"] = [min(x, 2) if _is_int(x) else x for x in d["window_size_per_stage"]]
+
+
+def _move_global_blocks(d: dict[str, Any], depth_key: str, old_depths: Any, blocks: list[int]) -> None:
+    """Global-attention block indices keep their stage and their place in it: a block that was not the first
+    of its stage stays so (Hiera's first block of a stage pools its queries with a window, which a global
+    block does not have), giving that stage a second block if needed."""
+    depths = list(d[depth_key])
+    if not (isinstance(old_depths, list) and len(old_depths) == len(depths)):
+        d["global_attention_blocks"] = sorted({min(x, sum(depths) - 1) for x in blocks})
+        return
+    places = set()
+    for x in blocks:
+        stage = next((i for i in range(len(old_depths)) if x < sum(old_depths[: i + 1])), len(old_depths) - 1)
+        offset = min(x - sum(old_depths[:stage]), 1)  # first block of the stage, or a later one
+        depths[stage] = max(depths[stage], offset + 1)
+        places.add((stage, offset))
+    d[depth_key] = depths
+    d["global_attention_blocks"] = sorted(sum(depths[:stage]) + offset for stage, offset in places)
+
+
+def _side(v: Any) -> int | None:
+    """One side of an image size given as an int or [h, w]."""
+    if isinstance(v, (list, tuple)) and v and _is_int(v[-1]):
+        v = v[-1]
+    return v if _is_int(v) and v > 0 else None
+
+
+def _fix_feature_maps(d: dict[str, Any], old: dict[str, Any]) -> None:
+    """Sizes derived from the image or from a sub-config's widths follow them: a patch grid side
+    (image_size / patch_size), feature-map sides of a backbone (scaled with its image) and an FPN's input
+    channels (the backbone's stage widths, deepest first)."""
+    if _is_int(old.get("image_size")) and not _is_int(d.get("patch_size")):
+        # an image size that repeats a sub-config's (its vision tower's) follows that one's patch rounding
+        same = [new.get("image_size") for new, was in _paired_subconfigs(d, old) if was.get("image_size") ==
+                old["image_size"] and _is_int(new.get("image_size"))]
+        if same:
+            d["image_size"] = min(same)
+    image, patch = _side(d.get("image_size")), _side(d.get("patch_size"))
+    old_image, old_patch = _side(old.get("image_size")), _side(old.get("patch_size"))
+    if image and patch and old_image and old_patch and old.get("image_embedding_size") == old_image // old_patch:
+        d["image_embedding_size"] = image // patch
+    backbone, old_backbone = d.get("backbone_config"), old.get("backbone_config")
+    if not (isinstance(backbone, dict) and isinstance(old_backbone, dict)):
+        return
+    image, old_image = _side(backbone.get("image_size")), _side(old_backbone.get("image_size"))
+    patch, old_patch = _side(backbone.get("patch_size")), _side(old_backbone.get("patch_size"))
+    if image and old_image and patch and patch == old_patch:
+        image, old_image = image // patch, old_image // patch  # scale whole patch grids
+    sizes = d.get("backbone_feature_sizes")
+    if image and old_image and isinstance(sizes, list) and all(isinstance(x, list) for x in sizes):
+        d["backbone_feature_sizes"] = [[max(1, x * image // old_image) for x in hw] for hw in sizes]
+    channels = d.get("backbone_channel_list")
+    for key in ("embed_dim_per_stage", "hidden_sizes", "embed_dims"):
+        widths, old_widths = backbone.get(key), old_backbone.get(key)
+        if isinstance(channels, list) and isinstance(widths, list) and isinstance(old_widths, list) \
+                and channels == old_widths[::-1]:
+            d["backbone_channel_list"] = widths[::-1]
+
+
+def _paired_subconfigs(d: dict[str, Any], old: dict[str, Any]) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    """(shrunk, original) pairs of every sub-config below `d`."""
+    out = []
+    for k, v in d.items():
+        if _is_subconfig(k, v) and isinstance(old.get(k), dict):
+            out += [(v, old[k])] + _paired_subconfigs(v, old[k])
+    return out
 
 
 def _fix_feature_layers(d: dict[str, Any]) -> None:

@@ -1,0 +1,32 @@
+"""Shrinking keeps sizes that are derived from other sizes (stage layout, feature maps, patch grids) consistent."""
+
+from harness.zoo.shrink import Size, shrink_dict
+from harness.zoo.transformers_zoo import tiny_config
+
+
+def test_global_attention_blocks_keep_their_place_in_a_stage():
+    # Hiera: blocks 5, 7, 9 are inside stage 2 (blocks 3..9), never the (query-pooling) first block of a stage
+    d = {"blocks_per_stage": [1, 2, 7, 2], "global_attention_blocks": [5, 7, 9]}
+    out = shrink_dict(d, Size())
+    depths, blocks = out["blocks_per_stage"], out["global_attention_blocks"]
+    starts = [sum(depths[:i]) for i in range(len(depths))]
+    assert blocks and all(b not in starts for b in blocks)
+    assert all(starts[2] <= b < starts[2] + depths[2] for b in blocks)
+
+
+def test_backbone_feature_maps_follow_the_shrunk_backbone():
+    c = tiny_config("sam2_vision_model")
+    assert c.backbone_channel_list == c.backbone_config.embed_dim_per_stage[::-1]
+    side = c.backbone_config.image_size[0] // c.backbone_config.patch_stride[0]
+    assert c.backbone_feature_sizes[0] == [side, side]
+
+
+def test_patch_grid_side_follows_image_and_patch():
+    c = tiny_config("sam")
+    assert c.prompt_encoder_config.image_embedding_size == c.vision_config.image_size // c.vision_config.patch_size
+
+
+def test_image_size_repeating_a_vision_tower_follows_its_patch_rounding():
+    d = {"image_size": 1008, "vision_config": {"model_type": "x", "image_size": 1008, "patch_size": 14}}
+    out = shrink_dict(d, Size())
+    assert out["image_size"] == out["vision_config"]["image_size"] and out["image_size"] % 14 == 0
