@@ -270,6 +270,28 @@ def fit_placeholders(model: torch.nn.Module, config: Any, inputs: dict[str, Any]
     return inputs
 
 
+# A (batch, samples) waveform where the model wanted (batch, channels, samples): a conv read it as one unbatched
+# (channels=batch, samples) input, or the model indexed or checked a channel dimension.
+_WANTS_CHANNELS = re.compile(r"expected input\[1, \d+, \d+\] to have \d+ channels|must be mono, but got \d+|"
+                             r"too many indices for tensor of dimension 2")
+
+
+def fit_waveform(model: torch.nn.Module, inputs: dict[str, Any]) -> dict[str, Any]:
+    """Waveform models disagree on (batch, samples) vs (batch, 1, samples), and neither their configs nor
+    their docstrings say which reliably. Run the model once on (batch, samples); when the failure says it
+    wanted a channel dimension, add one. Any other outcome leaves the inputs as they are."""
+    values = inputs.get("input_values")
+    if not isinstance(values, torch.Tensor) or values.dim() != 2:
+        return inputs
+    try:
+        with torch.no_grad():
+            model(**inputs)
+    except Exception as exc:  # the forward is only a probe here
+        if _WANTS_CHANNELS.search(str(exc)):
+            return {**inputs, "input_values": values.unsqueeze(1)}
+    return inputs
+
+
 def _image_feature_rows(model: torch.nn.Module, inputs: dict[str, Any]) -> int | None:
     """Rows of image features the model will scatter into placeholders, asked of `get_image_features`
     (some models' mismatch message reports elements, not rows)."""

@@ -52,6 +52,27 @@ def _codebook_rows(model: Any, config: Any, inputs: dict[str, Any], seed: int) -
     return out
 
 
+def _audio_padding_mask(model: Any, config: Any, inputs: dict[str, Any], seed: int) -> dict[str, Any]:
+    """VibeVoice counts audio tokens from the padding mask of the waveform, which it needs even unpadded."""
+    import torch
+
+    values = inputs["input_values"]
+    return {**inputs, "padding_mask": torch.ones(values.shape[0], values.shape[-1], dtype=torch.long)}
+
+
+def _conv_hidden_states(channels_key: str, length: int) -> Callable[[Any, Any, dict[str, Any], int], dict[str, Any]]:
+    """Conv-only halves of a codec take `hidden_states` as (batch, channels, length): a waveform for the
+    encoder, latent frames for the decoder."""
+
+    def fix(model: Any, config: Any, inputs: dict[str, Any], seed: int) -> dict[str, Any]:
+        import torch
+
+        g = torch.Generator().manual_seed(seed)
+        return {**inputs, "hidden_states": torch.randn(2, getattr(config, channels_key), length, generator=g)}
+
+    return fix
+
+
 RULES: dict[str, Rule] = {
     # X-MOD routes every batch through a language adapter and refuses input without a language.
     "xmod": Rule(config={"default_language": "en_XX"}),
@@ -92,6 +113,10 @@ RULES: dict[str, Rule] = {
     "sam_hq": Rule(config={"vision_config": {"output_channels": 64, "num_pos_feats": 32},
                            "mask_decoder_config": {"vit_dim": 64}}),
     "mobilebert": Rule(config={"embedding_size": 64, "intra_bottleneck_size": 64, "true_hidden_size": 64}),
+    "vibevoice": Rule(inputs=_audio_padding_mask),
+    # 16000 samples are 5 frames of the encoder's 3200-sample hop.
+    "vibevoice_acoustic_tokenizer_decoder": Rule(inputs=_conv_hidden_states("hidden_size", 8)),
+    "vibevoice_acoustic_tokenizer_encoder": Rule(inputs=_conv_hidden_states("channels", 16000)),
     # MusicGen decoders take one row of audio codes per codebook, not one row of text tokens per sample.
     "musicgen": Rule(inputs=_codebook_rows),
     "musicgen_melody": Rule(inputs=_codebook_rows),

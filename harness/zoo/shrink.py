@@ -215,6 +215,7 @@ def shrink_dict(d: dict[str, Any], size: Size = Size(), model_type: str | None =
     _fix_out_indices(d, old, old_layers)
     _fix_feature_layers(d)
     _fix_feature_maps(d, old)
+    _fix_codec_widths(d)
     _fix_heads(d, old)
     if _top:
         _fix_token_ids(d)
@@ -330,6 +331,18 @@ def _move_global_blocks(d: dict[str, Any], depth_key: str, old_depths: Any, bloc
         places.add((stage, offset))
     d[depth_key] = depths
     d["global_attention_blocks"] = sorted(sum(depths[:stage]) + offset for stage, offset in places)
+
+
+def _fix_codec_widths(d: dict[str, Any]) -> None:
+    """Neural audio codec encoders double their base width at each downsampling stage: cap the base so the
+    deepest stage stays 128 channels wide."""
+    ratios = next((d[k] for k in ("downsampling_ratios", "upsampling_ratios") if isinstance(d.get(k), (list, tuple))
+                   and d[k]), None)
+    if ratios is None:
+        return
+    for k in ("num_filters", "encoder_hidden_size"):
+        if _is_int(d.get(k)):
+            d[k] = max(1, min(d[k], 128 >> len(ratios)))
 
 
 def _side(v: Any) -> int | None:

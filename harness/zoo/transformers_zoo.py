@@ -9,7 +9,7 @@ import torch
 
 from harness.zoo import budget, overrides
 from harness.zoo.entry import BuiltEntry, ZooBuildError, ZooEntry
-from harness.zoo.inputs import build_inputs, fit_placeholders, placeholder_id
+from harness.zoo.inputs import build_inputs, fit_placeholders, fit_waveform, placeholder_id
 from harness.zoo.shrink import Size, shrink_dict
 
 
@@ -82,11 +82,11 @@ def instantiate(cls: type, config: Any, seed: int, max_params: int = budget.DEFA
 def finish(entry: ZooEntry, model: torch.nn.Module, config: Any, seed: int, n: int) -> BuiltEntry:
     rule = overrides.rule_for(entry.model_type)
     try:
-        inputs = build_inputs(model, config, entry.model_class, seed)
+        inputs = fit_waveform(model, build_inputs(model, config, entry.model_class, seed))
+        if rule.inputs is not None:  # before the placeholder probe, which needs inputs the model accepts
+            inputs = rule.inputs(model, config, inputs, seed)
         if any(placeholder_id(config, kind) is not None for kind in ("image", "video", "audio")):
             inputs = fit_placeholders(model, config, inputs)
-        if rule.inputs is not None:
-            inputs = rule.inputs(model, config, inputs, seed)
     except ZooBuildError:
         raise
     except Exception as exc:

@@ -35,3 +35,24 @@ def test_decision_head_gets_marked_questions():
 def test_inputs_of_a_plain_model_have_no_decision_keys():
     built = _entry("transformers/qwen2/Qwen2ForCausalLM").build(seed=0)
     assert "marks" not in build_inputs(built.model, built.model.config, "Qwen2ForCausalLM")
+
+
+class _WantsChannels(torch.nn.Module):
+    """A conv codec: (batch, 1, samples) only."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv1d(1, 4, 3)
+
+    def forward(self, input_values):
+        return self.conv(input_values)
+
+
+def test_waveform_gets_a_channel_dimension_when_the_model_wants_one():
+    from harness.zoo.inputs import fit_waveform
+
+    model = _WantsChannels()
+    out = fit_waveform(model, {"input_values": torch.randn(2, 100)})
+    assert out["input_values"].shape == (2, 1, 100)
+    model.forward = lambda input_values: input_values.sum()  # a model that takes (batch, samples)
+    assert fit_waveform(model, {"input_values": torch.randn(2, 100)})["input_values"].shape == (2, 100)

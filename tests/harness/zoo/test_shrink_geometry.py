@@ -30,3 +30,10 @@ def test_image_size_repeating_a_vision_tower_follows_its_patch_rounding():
     d = {"image_size": 1008, "vision_config": {"model_type": "x", "image_size": 1008, "patch_size": 14}}
     out = shrink_dict(d, Size())
     assert out["image_size"] == out["vision_config"]["image_size"] and out["image_size"] % 14 == 0
+
+
+def test_codec_base_width_leaves_the_deepest_stage_narrow():
+    d = {"num_filters": 32, "downsampling_ratios": [2, 2, 4, 5, 5, 8]}
+    out = shrink_dict(d, Size())
+    assert out["num_filters"] * 2 ** len(out["downsampling_ratios"]) <= 128
+    assert out["downsampling_ratios"] == d["downsampling_ratios"]  # the hop length is the architecture's
