@@ -113,6 +113,8 @@ RULES: dict[str, Rule] = {
     "sam_hq": Rule(config={"vision_config": {"output_channels": 64, "num_pos_feats": 32},
                            "mask_decoder_config": {"vit_dim": 64}}),
     "mobilebert": Rule(config={"embedding_size": 64, "intra_bottleneck_size": 64, "true_hidden_size": 64}),
+    # The mask branch reads the HGNetV2 backbone's first stage, whose width (128 -> 8) x4_feat_dim repeats.
+    "pp_doclayout_v3": Rule(config={"x4_feat_dim": 8}),
     "vibevoice": Rule(inputs=_audio_padding_mask),
     # 16000 samples are 5 frames of the encoder's 3200-sample hop.
     "vibevoice_acoustic_tokenizer_decoder": Rule(inputs=_conv_hidden_states("hidden_size", 8)),

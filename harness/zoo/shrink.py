@@ -211,6 +211,7 @@ def shrink_dict(d: dict[str, Any], size: Size = Size(), model_type: str | None =
                 d[k] = new
 
     _fix_stage_lists(d, old)
+    _fix_stage_channels(d, old)
     _fix_layer_lists(d, old, old_layers, size)
     _fix_out_indices(d, old, old_layers)
     _fix_feature_layers(d)
@@ -376,6 +377,14 @@ def _fix_feature_maps(d: dict[str, Any], old: dict[str, Any]) -> None:
     sizes = d.get("backbone_feature_sizes")
     if image and old_image and isinstance(sizes, list) and all(isinstance(x, list) for x in sizes):
         d["backbone_feature_sizes"] = [[max(1, x * image // old_image) for x in hw] for hw in sizes]
+    widths, old_widths = backbone.get("hidden_sizes"), old_backbone.get("hidden_sizes")
+    enc = old.get("encoder_in_channels")
+    if isinstance(widths, list) and isinstance(old_widths, list) and isinstance(enc, list) and enc \
+            and len(enc) <= len(old_widths) and enc == old_widths[-len(enc):]:
+        d["encoder_in_channels"] = widths[-len(enc):]  # DETR-style encoders read the last backbone stages
+    dec, hidden = old.get("decoder_in_channels"), old.get("encoder_hidden_dim")
+    if isinstance(dec, list) and dec and _is_int(hidden) and all(x == hidden for x in dec):
+        d["decoder_in_channels"] = [d["encoder_hidden_dim"]] * len(dec)  # ... and the decoder the encoder's maps
     channels = d.get("backbone_channel_list")
     for key in ("embed_dim_per_stage", "hidden_sizes", "embed_dims"):
         widths, old_widths = backbone.get(key), old_backbone.get(key)
@@ -391,6 +400,29 @@ def _paired_subconfigs(d: dict[str, Any], old: dict[str, Any]) -> list[tuple[dic
         if _is_subconfig(k, v) and isinstance(old.get(k), dict):
             out += [(v, old[k])] + _paired_subconfigs(v, old[k])
     return out
+
+
+_STAGE_CHANNELS = re.compile(r"^(stem|stage)_(\w+_)?channels$")
+
+
+def _fix_stage_channels(d: dict[str, Any], old: dict[str, Any]) -> None:
+    """HGNet-style per-stage in/mid/out channel lists chain into each other (a stage's input is the previous
+    one's output, the first's is the stem's): scale them all by one factor, the one that shrank the last stage
+    width they report in `hidden_sizes`, so the chain and that report stay equal. Layers per block follow the
+    depths."""
+    keys = [k for k, v in d.items() if _STAGE_CHANNELS.match(k) and isinstance(v, list) and v
+            and all(_is_int(x) for x in v)]
+    if "stage_in_channels" not in keys:
+        return  # other families give their widths in block tables that these lists must keep matching
+    widths, old_widths, outs = d.get("hidden_sizes"), old.get("hidden_sizes"), old.get("stage_out_channels")
+    if isinstance(widths, list) and widths and isinstance(outs, list) and old_widths and old_widths[-1] == outs[-1]:
+        factor = old_widths[-1] / widths[-1]
+    else:
+        factor = max(1.0, max(max(d[k]) for k in keys) / 256)
+    for k in keys:
+        d[k] = [max(1, round(x / factor)) if x > 8 else x for x in d[k]]
+    if isinstance(d.get("stage_numb_of_layers"), list):
+        d["stage_numb_of_layers"] = [min(x, 2) if _is_int(x) else x for x in d["stage_numb_of_layers"]]
 
 
 def _fix_feature_layers(d: dict[str, Any]) -> None:

@@ -37,3 +37,12 @@ def test_codec_base_width_leaves_the_deepest_stage_narrow():
     out = shrink_dict(d, Size())
     assert out["num_filters"] * 2 ** len(out["downsampling_ratios"]) <= 128
     assert out["downsampling_ratios"] == d["downsampling_ratios"]  # the hop length is the architecture's
+
+
+def test_hgnet_stage_channels_stay_chained_and_detr_heads_read_them():
+    c = tiny_config("pp_doclayout_v3")
+    b = c.backbone_config
+    assert b.stage_in_channels[1:] == b.stage_out_channels[:-1] and b.stage_in_channels[0] == b.stem_channels[-1]
+    assert b.hidden_sizes[-1] == b.stage_out_channels[-1] <= 256
+    assert c.encoder_in_channels == b.hidden_sizes[-len(c.encoder_in_channels):]
+    assert c.decoder_in_channels == [c.encoder_hidden_dim] * len(c.decoder_in_channels)
