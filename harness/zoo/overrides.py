@@ -73,6 +73,9 @@ def _conv_hidden_states(channels_key: str, length: int) -> Callable[[Any, Any, d
     return fix
 
 
+_QSA = {"indexer_n_heads": 2, "indexer_kv_heads": 1, "indexer_head_dim": 16, "indexer_budget": 8,
+        "indexer_compress_ratio": 4}
+
 RULES: dict[str, Rule] = {
     # X-MOD routes every batch through a language adapter and refuses input without a language.
     "xmod": Rule(config={"default_language": "en_XX"}),
@@ -115,7 +118,13 @@ RULES: dict[str, Rule] = {
     "mobilebert": Rule(config={"embedding_size": 64, "intra_bottleneck_size": 64, "true_hidden_size": 64}),
     # The mask branch reads the HGNetV2 backbone's first stage, whose width (128 -> 8) x4_feat_dim repeats.
     "pp_doclayout_v3": Rule(config={"x4_feat_dim": 8}),
+    # Qwen4-Exp's "indexed_attention" layers select tokens with a QSA indexer whose sizes default to None
+    # (only real checkpoints set them): a small one, budget a multiple of the block size.
+    "qwen4_exp": Rule(config={"text_config": _QSA}),
+    "qwen4_exp_text": Rule(config=_QSA),
     "vibevoice": Rule(inputs=_audio_padding_mask),
+    # Zamba ties its shared transformer block across hybrid layers: two hybrid layers leave something to tie.
+    "zamba": Rule(config={"num_hidden_layers": 3, "layers_block_type": ["linear_attention", "hybrid", "hybrid"]}),
     # 16000 samples are 5 frames of the encoder's 3200-sample hop.
     "vibevoice_acoustic_tokenizer_decoder": Rule(inputs=_conv_hidden_states("hidden_size", 8)),
     "vibevoice_acoustic_tokenizer_encoder": Rule(inputs=_conv_hidden_states("channels", 16000)),

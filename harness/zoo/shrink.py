@@ -257,7 +257,7 @@ def _fix_layer_lists(d: dict[str, Any], old: dict[str, Any], old_layers: int | N
         d[k] = "".join(_cut_layer_list(list(d[k]), n))
     for k, v in list(d.items()):
         # explicit indices of the layers of one kind (attention layers of a Mamba hybrid): keep one, the last
-        if k.endswith("layer_indices") and isinstance(v, (list, tuple)) and v and all(_is_int(x) for x in v) \
+        if k.endswith(("layer_indices", "layer_ids")) and isinstance(v, (list, tuple)) and v and all(_is_int(x) for x in v) \
                 and max(v) >= n:
             d[k] = sorted({min(x, n - 1) for x in v})[-1:]
     for k in per_layer:
@@ -493,11 +493,19 @@ def _fix_heads(d: dict[str, Any], old: dict[str, Any]) -> None:
             while g > 1 and d[heads_of] % g:
                 g -= 1
             d[groups_key] = g
-    mamba = ("mamba_n_heads", "mamba_d_head", "mamba_expand")
-    if all(_is_int(d.get(k)) and _is_int(old.get(k)) for k in mamba) and hidden and \
-            old["mamba_n_heads"] * old["mamba_d_head"] == old["mamba_expand"] * old_hidden_of(old):
-        # Mamba-2 heads must tile the expanded inner size
-        d["mamba_d_head"] = max(1, d["mamba_expand"] * hidden // d["mamba_n_heads"])
+    for n_heads, d_head, expand in (("mamba_n_heads", "mamba_d_head", "mamba_expand"),
+                                    ("n_mamba_heads", "mamba_headdim", "mamba_expand")):
+        if all(_is_int(d.get(k)) and _is_int(old.get(k)) for k in (n_heads, d_head, expand)) and hidden and \
+                old[n_heads] * old[d_head] == old[expand] * old_hidden_of(old):
+            # Mamba-2 heads must tile the expanded inner size
+            d[d_head] = max(1, d[expand] * hidden // d[n_heads])
+    if _is_int(d.get("attention_hidden_size")) and hidden and old_hidden_of(old) and \
+            old["attention_hidden_size"] % old_hidden_of(old) == 0:
+        # Zamba's shared attention reads [hidden, embeddings] concatenated: a multiple of hidden
+        d["attention_hidden_size"] = hidden * (old["attention_hidden_size"] // old_hidden_of(old))
+        if heads_key and _is_int(d.get("attention_head_dim")) and _is_int(old.get(heads_key)) and \
+                old.get("attention_head_dim", 0) * old[heads_key] == old["attention_hidden_size"]:
+            d["attention_head_dim"] = d["attention_hidden_size"] // d[heads_key]
     if all(_is_int(d.get(k)) for k in ("qk_head_dim", "qk_nope_head_dim", "qk_rope_head_dim")) and \
             old["qk_head_dim"] == old["qk_nope_head_dim"] + old["qk_rope_head_dim"]:
         d["qk_head_dim"] = d["qk_nope_head_dim"] + d["qk_rope_head_dim"]

@@ -46,3 +46,12 @@ def test_hgnet_stage_channels_stay_chained_and_detr_heads_read_them():
     assert b.hidden_sizes[-1] == b.stage_out_channels[-1] <= 256
     assert c.encoder_in_channels == b.hidden_sizes[-len(c.encoder_in_channels):]
     assert c.decoder_in_channels == [c.encoder_hidden_dim] * len(c.decoder_in_channels)
+
+
+def test_zamba2_mamba_heads_tile_and_shared_attention_reads_twice_hidden():
+    c = tiny_config("zamba2")
+    assert c.n_mamba_heads * c.mamba_headdim == c.mamba_expand * c.hidden_size
+    assert c.attention_hidden_size == 2 * c.hidden_size
+    assert c.attention_head_dim * c.num_attention_heads == c.attention_hidden_size
+    hybrid = [i for i, t in enumerate(c.layers_block_type) if t == "hybrid"]
+    assert c.hybrid_layer_ids == hybrid
