@@ -122,6 +122,8 @@ RULES: dict[str, Rule] = {
     # (only real checkpoints set them): a small one, budget a multiple of the block size.
     "qwen4_exp": Rule(config={"text_config": _QSA}),
     "qwen4_exp_text": Rule(config=_QSA),
+    # Sapiens2's dense-prediction heads are described only by checkpoint configs (no default upsampling stack).
+    "sapiens2": Rule(config={"head_config": {"upsample_out_channels": [32, 16], "conv_out_channels": [16]}}),
     "vibevoice": Rule(inputs=_audio_padding_mask),
     # Zamba ties its shared transformer block across hybrid layers: two hybrid layers leave something to tie.
     "zamba": Rule(config={"num_hidden_layers": 3, "layers_block_type": ["linear_attention", "hybrid", "hybrid"]}),
