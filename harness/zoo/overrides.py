@@ -73,6 +73,19 @@ def _conv_hidden_states(channels_key: str, length: int) -> Callable[[Any, Any, d
     return fix
 
 
+def _mel_first(model: Any, config: Any, inputs: dict[str, Any], seed: int) -> dict[str, Any]:
+    """(batch, mel bins, 200 frames) features with a per-frame mask, for encoders that take that layout
+    without a fixed Whisper-style length."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    mel = getattr(getattr(config, "audio_config", None) or config, "num_mel_bins")
+    out = {**inputs, "input_features": torch.randn(2, mel, 200, generator=g)}
+    if "input_features_mask" in inputs:
+        out["input_features_mask"] = torch.ones(2, 200, dtype=torch.long)
+    return out
+
+
 _QSA = {"indexer_n_heads": 2, "indexer_kv_heads": 1, "indexer_head_dim": 16, "indexer_budget": 8,
         "indexer_compress_ratio": 4}
 
@@ -120,6 +133,11 @@ RULES: dict[str, Rule] = {
     "pp_doclayout_v3": Rule(config={"x4_feat_dim": 8}),
     # Qwen4-Exp's "indexed_attention" layers select tokens with a QSA indexer whose sizes default to None
     # (only real checkpoints set them): a small one, budget a multiple of the block size.
+    # (output_dim: the audio encoder projects into the text model's width)
+    # Qwen3-ASR's encoder takes (batch, mel, frames) in whole chunks of 2 * n_window = 100 frames (its
+    # per-chunk output length, 13, is fixed in the code, so n_window cannot shrink).
+    "qwen3_asr": Rule(config={"audio_config": {"output_dim": 64}}, inputs=_mel_first),
+    "qwen3_asr_encoder": Rule(inputs=_mel_first),
     "qwen4_exp": Rule(config={"text_config": _QSA}),
     "qwen4_exp_text": Rule(config=_QSA),
     # Sapiens2's dense-prediction heads are described only by checkpoint configs (no default upsampling stack).
@@ -130,6 +148,10 @@ RULES: dict[str, Rule] = {
     # 16000 samples are 5 frames of the encoder's 3200-sample hop.
     "vibevoice_acoustic_tokenizer_decoder": Rule(inputs=_conv_hidden_states("hidden_size", 8)),
     "vibevoice_acoustic_tokenizer_encoder": Rule(inputs=_conv_hidden_states("channels", 16000)),
+    # Muse Glimmer/Spark project pixel-shuffled vision features (vision width * merge_size**2 = 64 * 4) and,
+    # for Spark, audio features of the text model's width.
+    "muse_glimmer": Rule(config={"out_hidden_size": 256}),
+    "muse_spark": Rule(config={"out_hidden_size": 256, "audio_config": {"out_hidden_size": 64}}),
     # MusicGen decoders take one row of audio codes per codebook, not one row of text tokens per sample.
     "musicgen": Rule(inputs=_codebook_rows),
     "musicgen_melody": Rule(inputs=_codebook_rows),

@@ -304,7 +304,7 @@ def _fix_stage_lists(d: dict[str, Any], old: dict[str, Any]) -> None:
     """A stem width that was the first stage's width stays so; block indices stay inside the fewer blocks."""
     for k, v in d.items():
         if R_STAGE_WIDTHS.match(k) and isinstance(v, list) and v and isinstance(old.get(k), list) and v != old[k]:
-            for hk in ("hidden_size", "embed_dim", "embedding_size"):
+            for hk in ("hidden_size", "embed_dim", "embedding_size", "stem_out_channels"):
                 if _is_int(d.get(hk)) and old.get(hk) == old[k][0]:
                     d[hk] = v[0]
     depth_key = next((k for k in d if R_STAGE_DEPTHS.match(k) and isinstance(d[k], list)

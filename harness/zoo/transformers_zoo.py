@@ -82,11 +82,17 @@ def instantiate(cls: type, config: Any, seed: int, max_params: int = budget.DEFA
 def finish(entry: ZooEntry, model: torch.nn.Module, config: Any, seed: int, n: int) -> BuiltEntry:
     rule = overrides.rule_for(entry.model_type)
     try:
-        inputs = fit_waveform(model, build_inputs(model, config, entry.model_class, seed))
-        if rule.inputs is not None:  # before the placeholder probe, which needs inputs the model accepts
+        inputs = build_inputs(model, config, entry.model_class, seed)
+        if rule.inputs is not None:  # before the probes, which need inputs the model accepts
             inputs = rule.inputs(model, config, inputs, seed)
-        if any(placeholder_id(config, kind) is not None for kind in ("image", "video", "audio")):
-            inputs = fit_placeholders(model, config, inputs)
+        placeholders = any(placeholder_id(config, kind) is not None for kind in ("image", "video", "audio"))
+        for _ in range(2):  # a multimodal model reports a waveform problem only once its images fit
+            before = inputs
+            inputs = fit_waveform(model, inputs)
+            if placeholders:
+                inputs = fit_placeholders(model, config, inputs)
+            if inputs is before:
+                break
     except ZooBuildError:
         raise
     except Exception as exc:

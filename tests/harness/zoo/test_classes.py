@@ -56,3 +56,19 @@ def test_waveform_gets_a_channel_dimension_when_the_model_wants_one():
     assert out["input_values"].shape == (2, 1, 100)
     model.forward = lambda input_values: input_values.sum()  # a model that takes (batch, samples)
     assert fit_waveform(model, {"input_values": torch.randn(2, 100)})["input_values"].shape == (2, 100)
+
+
+class _WantsFrames(torch.nn.Module):
+    """A model that takes whole 300-sample frames and says so."""
+
+    def forward(self, input_values):
+        if input_values.shape[-1] % 300:
+            raise ValueError(f"`input_values` length {input_values.shape[-1]} is not a multiple of 300.")
+        return input_values.sum()
+
+
+def test_waveform_is_padded_to_the_frame_multiple_the_model_names():
+    from harness.zoo.inputs import fit_waveform
+
+    out = fit_waveform(_WantsFrames(), {"input_values": torch.randn(2, 1000)})
+    assert out["input_values"].shape == (2, 1200)
