@@ -128,6 +128,8 @@ RULES: dict[str, Rule] = {
     "sam": Rule(config={"vision_config": {"output_channels": 64, "num_pos_feats": 32}}),
     "sam_hq": Rule(config={"vision_config": {"output_channels": 64, "num_pos_feats": 32},
                            "mask_decoder_config": {"vit_dim": 64}}),
+    # The decoder's attention reads num_key_value_heads, which only checkpoints' configs carry (no default).
+    "moonshine_streaming": Rule(config={"num_key_value_heads": 4}),
     "mobilebert": Rule(config={"embedding_size": 64, "intra_bottleneck_size": 64, "true_hidden_size": 64}),
     # The mask branch reads the HGNetV2 backbone's first stage, whose width (128 -> 8) x4_feat_dim repeats.
     "pp_doclayout_v3": Rule(config={"x4_feat_dim": 8}),
@@ -142,6 +144,8 @@ RULES: dict[str, Rule] = {
     "qwen4_exp_text": Rule(config=_QSA),
     # Sapiens2's dense-prediction heads are described only by checkpoint configs (no default upsampling stack).
     "sapiens2": Rule(config={"head_config": {"upsample_out_channels": [32, 16], "conv_out_channels": [16]}}),
+    # Step3p7's sliding-attention heads need a window, which the config leaves None.
+    "step3p7": Rule(config={"text_config": {"sliding_window": 8}}),
     "vibevoice": Rule(inputs=_audio_padding_mask),
     # Zamba ties its shared transformer block across hybrid layers: two hybrid layers leave something to tie.
     "zamba": Rule(config={"num_hidden_layers": 3, "layers_block_type": ["linear_attention", "hybrid", "hybrid"]}),

@@ -487,7 +487,8 @@ def _fix_heads(d: dict[str, Any], old: dict[str, Any]) -> None:
     if all(_is_int(d.get(k)) and _is_int(old.get(k)) for k in ("num_heads", "head_dim", "expand")) and hidden and \
             old["num_heads"] * old["head_dim"] == old["expand"] * old_hidden_of(old):
         d["head_dim"] = max(1, d["expand"] * hidden // d["num_heads"])  # Mamba-2: heads tile expand * hidden
-    for groups_key, heads_of in (("n_groups", "num_heads"), ("mamba_n_groups", "mamba_n_heads")):
+    for groups_key, heads_of in (("n_groups", "num_heads"), ("mamba_n_groups", "mamba_n_heads"),
+                                 ("n_groups", "mamba_num_heads")):
         if _is_int(d.get(groups_key)) and _is_int(d.get(heads_of)):
             g = min(d[groups_key], d[heads_of])  # SSM groups must divide the SSM heads
             while g > 1 and d[heads_of] % g:

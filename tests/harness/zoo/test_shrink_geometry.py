@@ -55,3 +55,8 @@ def test_zamba2_mamba_heads_tile_and_shared_attention_reads_twice_hidden():
     assert c.attention_head_dim * c.num_attention_heads == c.attention_hidden_size
     hybrid = [i for i, t in enumerate(c.layers_block_type) if t == "hybrid"]
     assert c.hybrid_layer_ids == hybrid
+
+
+def test_ssm_groups_divide_the_shrunk_mamba_heads():
+    c = tiny_config("nemotron_h")
+    assert c.n_groups <= c.mamba_num_heads and c.mamba_num_heads % c.n_groups == 0
