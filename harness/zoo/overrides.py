@@ -86,6 +86,18 @@ def _mel_first(model: Any, config: Any, inputs: dict[str, Any], seed: int) -> di
     return out
 
 
+def _siglip2_patches(model: Any, config: Any, inputs: dict[str, Any], seed: int) -> dict[str, Any]:
+    """SigLIP2 (NaFlex) takes images already cut into patches: (batch, patches, channels * patch**2), with a
+    mask of the real patches and each image's (rows, cols) patch grid; here a full 4 x 4 grid per image."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    vc = getattr(config, "vision_config", None) or config
+    dim = vc.num_channels * vc.patch_size ** 2
+    return {**inputs, "pixel_values": torch.randn(2, 16, dim, generator=g),
+            "pixel_attention_mask": torch.ones(2, 16, dtype=torch.long), "spatial_shapes": torch.tensor([[4, 4]] * 2)}
+
+
 _QSA = {"indexer_n_heads": 2, "indexer_kv_heads": 1, "indexer_head_dim": 16, "indexer_budget": 8,
         "indexer_compress_ratio": 4}
 
@@ -140,10 +152,15 @@ RULES: dict[str, Rule] = {
     # per-chunk output length, 13, is fixed in the code, so n_window cannot shrink).
     "qwen3_asr": Rule(config={"audio_config": {"output_dim": 64}}, inputs=_mel_first),
     "qwen3_asr_encoder": Rule(inputs=_mel_first),
+    # The Omni thinkers' M-RoPE index reads vision_start_token_id, which only checkpoints' thinker configs carry.
+    "qwen2_5_omni_thinker": Rule(config={"vision_start_token_id": 1000}),
+    "qwen3_omni_moe_thinker": Rule(config={"vision_start_token_id": 1000}),
     "qwen4_exp": Rule(config={"text_config": _QSA}),
     "qwen4_exp_text": Rule(config=_QSA),
     # Sapiens2's dense-prediction heads are described only by checkpoint configs (no default upsampling stack).
     "sapiens2": Rule(config={"head_config": {"upsample_out_channels": [32, 16], "conv_out_channels": [16]}}),
+    "siglip2": Rule(inputs=_siglip2_patches),
+    "siglip2_vision_model": Rule(inputs=_siglip2_patches),
     # Step3p7's sliding-attention heads need a window, which the config leaves None.
     "step3p7": Rule(config={"text_config": {"sliding_window": 8}}),
     "vibevoice": Rule(inputs=_audio_padding_mask),
