@@ -73,17 +73,29 @@ def _conv_hidden_states(channels_key: str, length: int) -> Callable[[Any, Any, d
     return fix
 
 
-def _mel_first(model: Any, config: Any, inputs: dict[str, Any], seed: int) -> dict[str, Any]:
-    """(batch, mel bins, 200 frames) features with a per-frame mask, for encoders that take that layout
-    without a fixed Whisper-style length."""
-    import torch
+def _one_audio_token(model: Any, config: Any, inputs: dict[str, Any], seed: int) -> dict[str, Any]:
+    """Qwen2-Audio expands one audio placeholder per row into the audio features (its processor's legacy
+    layout); a prompt without one leaves the features nowhere to go."""
+    ids = inputs["input_ids"].clone()
+    ids[:, 1] = config.audio_token_index
+    return {**inputs, "input_ids": ids}
 
-    g = torch.Generator().manual_seed(seed)
-    mel = getattr(getattr(config, "audio_config", None) or config, "num_mel_bins")
-    out = {**inputs, "input_features": torch.randn(2, mel, 200, generator=g)}
-    if "input_features_mask" in inputs:
-        out["input_features_mask"] = torch.ones(2, 200, dtype=torch.long)
-    return out
+
+def _mel_first(frames: int) -> Callable[[Any, Any, dict[str, Any], int], dict[str, Any]]:
+    """(batch, mel bins, frames) features with a per-frame mask, for encoders that take that layout without
+    a fixed Whisper-style length."""
+
+    def fix(model: Any, config: Any, inputs: dict[str, Any], seed: int) -> dict[str, Any]:
+        import torch
+
+        g = torch.Generator().manual_seed(seed)
+        mel = getattr(getattr(config, "audio_config", None) or config, "num_mel_bins")
+        out = {**inputs, "input_features": torch.randn(2, mel, frames, generator=g)}
+        if "input_features_mask" in inputs:
+            out["input_features_mask"] = torch.ones(2, frames, dtype=torch.long)
+        return out
+
+    return fix
 
 
 def _siglip2_patches(model: Any, config: Any, inputs: dict[str, Any], seed: int) -> dict[str, Any]:
@@ -150,8 +162,9 @@ RULES: dict[str, Rule] = {
     # (output_dim: the audio encoder projects into the text model's width)
     # Qwen3-ASR's encoder takes (batch, mel, frames) in whole chunks of 2 * n_window = 100 frames (its
     # per-chunk output length, 13, is fixed in the code, so n_window cannot shrink).
-    "qwen3_asr": Rule(config={"audio_config": {"output_dim": 64}}, inputs=_mel_first),
-    "qwen3_asr_encoder": Rule(inputs=_mel_first),
+    "qwen2_audio": Rule(inputs=_one_audio_token),
+    "qwen3_asr": Rule(config={"audio_config": {"output_dim": 64}}, inputs=_mel_first(200)),
+    "qwen3_asr_encoder": Rule(inputs=_mel_first(200)),
     # The Omni thinkers' M-RoPE index reads vision_start_token_id, which only checkpoints' thinker configs carry.
     "qwen2_5_omni_thinker": Rule(config={"vision_start_token_id": 1000}),
     "qwen3_omni_moe_thinker": Rule(config={"vision_start_token_id": 1000}),
@@ -164,6 +177,12 @@ RULES: dict[str, Rule] = {
     # Step3p7's sliding-attention heads need a window, which the config leaves None.
     "step3p7": Rule(config={"text_config": {"sliding_window": 8}}),
     "vibevoice": Rule(inputs=_audio_padding_mask),
+    # Voxtral's audio placeholder id defaults to None (set by checkpoints), so no token could carry audio.
+    "voxtral": Rule(config={"audio_token_id": 1000}),
+    # Voxtral-Realtime's causal conv encoder takes (batch, mel, frames), and the model adds one audio frame
+    # (8 mel frames) to each text token: 128 frames for the 16 tokens.
+    "voxtral_realtime": Rule(inputs=_mel_first(128)),
+    "voxtral_realtime_encoder": Rule(inputs=_mel_first(128)),
     # Zamba ties its shared transformer block across hybrid layers: two hybrid layers leave something to tie.
     "zamba": Rule(config={"num_hidden_layers": 3, "layers_block_type": ["linear_attention", "hybrid", "hybrid"]}),
     # 16000 samples are 5 frames of the encoder's 3200-sample hop.
