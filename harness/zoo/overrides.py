@@ -60,15 +60,16 @@ def _audio_padding_mask(model: Any, config: Any, inputs: dict[str, Any], seed: i
     return {**inputs, "padding_mask": torch.ones(values.shape[0], values.shape[-1], dtype=torch.long)}
 
 
-def _conv_hidden_states(channels_key: str, length: int) -> Callable[[Any, Any, dict[str, Any], int], dict[str, Any]]:
-    """Conv-only halves of a codec take `hidden_states` as (batch, channels, length): a waveform for the
-    encoder, latent frames for the decoder."""
+def _conv_hidden_states(channels_key: str, length: int, key: str = "hidden_states"
+                        ) -> Callable[[Any, Any, dict[str, Any], int], dict[str, Any]]:
+    """Conv-only halves of a codec take (batch, channels, length): a waveform for the encoder, latent
+    frames for the decoder."""
 
     def fix(model: Any, config: Any, inputs: dict[str, Any], seed: int) -> dict[str, Any]:
         import torch
 
         g = torch.Generator().manual_seed(seed)
-        return {**inputs, "hidden_states": torch.randn(2, getattr(config, channels_key), length, generator=g)}
+        return {**inputs, key: torch.randn(2, getattr(config, channels_key), length, generator=g)}
 
     return fix
 
@@ -162,6 +163,9 @@ RULES: dict[str, Rule] = {
     # (output_dim: the audio encoder projects into the text model's width)
     # Qwen3-ASR's encoder takes (batch, mel, frames) in whole chunks of 2 * n_window = 100 frames (its
     # per-chunk output length, 13, is fixed in the code, so n_window cannot shrink).
+    # The flow head is conditioned on the backbone's hidden states (condition_dim must equal hidden_size).
+    "pocket_tts": Rule(config={"flow_head_config": {"condition_dim": 64}}),
+    "pocket_tts_audio_tokenizer_decoder": Rule(inputs=_conv_hidden_states("hidden_size", 8, "latents")),
     "qwen2_audio": Rule(inputs=_one_audio_token),
     "qwen3_asr": Rule(config={"audio_config": {"output_dim": 64}}, inputs=_mel_first(200)),
     "qwen3_asr_encoder": Rule(inputs=_mel_first(200)),

@@ -60,3 +60,8 @@ def test_zamba2_mamba_heads_tile_and_shared_attention_reads_twice_hidden():
 def test_ssm_groups_divide_the_shrunk_mamba_heads():
     c = tiny_config("nemotron_h")
     assert c.n_groups <= c.mamba_num_heads and c.mamba_num_heads % c.n_groups == 0
+
+
+def test_depthwise_upsampling_groups_follow_the_hidden_size():
+    c = tiny_config("pocket_tts_audio_tokenizer")
+    assert c.upsample_groups == c.hidden_size
