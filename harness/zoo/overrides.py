@@ -172,6 +172,30 @@ def _seggpt_prompt(config: Any, inputs: dict[str, Any], g: Any) -> dict[str, Any
             "prompt_masks": torch.randn(shape, generator=g)}
 
 
+def _drop(*keys: str, unless_missing: str) -> Callable[[Any, Any, dict[str, Any], int], dict[str, Any]]:
+    """Drop `keys` when `unless_missing` is among the inputs: for models whose forward takes one of two
+    alternative inputs (text or speech) and refuses both."""
+
+    def fix(model: Any, config: Any, inputs: dict[str, Any], seed: int) -> dict[str, Any]:
+        if unless_missing not in inputs:
+            return inputs
+        return {k: v for k, v in inputs.items() if k not in keys}
+
+    return fix
+
+
+def _pop2piano_features(model: Any, config: Any, inputs: dict[str, Any], seed: int) -> dict[str, Any]:
+    """Pop2Piano's encoder reads the audio features directly as its input embeddings, (batch, frames, d_model),
+    in place of text ids."""
+    import torch
+
+    if "input_features" not in inputs:
+        return inputs
+    out = {k: v for k, v in inputs.items() if k not in ("input_ids", "attention_mask")}
+    out["input_features"] = torch.randn(2, 64, config.d_model, generator=torch.Generator().manual_seed(seed))
+    return out
+
+
 _QSA = {"indexer_n_heads": 2, "indexer_kv_heads": 1, "indexer_head_dim": 16, "indexer_budget": 8,
         "indexer_compress_ratio": 4}
 
@@ -218,10 +242,13 @@ RULES: dict[str, Rule] = {
     # MusicGen decoders take one row of audio codes per codebook, not one row of text tokens per sample.
     "musicgen": Rule(inputs=_codebook_rows),
     "musicgen_melody": Rule(inputs=_codebook_rows),
+    "pop2piano": Rule(inputs=_pop2piano_features),
     # The flow head is conditioned on the backbone's hidden states (condition_dim must equal hidden_size).
     "pocket_tts": Rule(config={"flow_head_config": {"condition_dim": 64}}),
     # The decoder half of the codec decodes (batch, hidden_size, frames) latents.
     "pocket_tts_audio_tokenizer_decoder": Rule(inputs=_conv_hidden_states("hidden_size", 8, "latents")),
+    # Its detection post-processing keeps boxes above a per-class threshold, given only by checkpoints.
+    "pp_doclayout_v2": Rule(config={"class_thresholds": [0.5, 0.5], "class_order": [0, 1]}),
     # The mask branch reads the HGNetV2 backbone's first stage, whose width (128 -> 8) x4_feat_dim repeats.
     "pp_doclayout_v3": Rule(config={"x4_feat_dim": 8}),
     # The Omni thinkers' M-RoPE index reads vision_start_token_id, which only checkpoints' thinker configs carry.
@@ -243,10 +270,15 @@ RULES: dict[str, Rule] = {
     "sam": Rule(config={"vision_config": {"output_channels": 64, "num_pos_feats": 32}}),
     "sam_hq": Rule(config={"vision_config": {"output_channels": 64, "num_pos_feats": 32},
                            "mask_decoder_config": {"vit_dim": 64}}),
+    # SeamlessM4T's base model translates either text or speech: given speech, the text ids must go.
+    "seamless_m4t": Rule(inputs=_drop("input_ids", "attention_mask", unless_missing="input_features")),
+    "seamless_m4t_v2": Rule(inputs=_drop("input_ids", "attention_mask", unless_missing="input_features")),
     # Sapiens2's dense-prediction heads are described only by checkpoint configs (no default upsampling stack).
     "sapiens2": Rule(config={"head_config": {"upsample_out_channels": [32, 16], "conv_out_channels": [16]}}),
     # SegGPT's image_size is the prompt and the input stacked (2:1, like its 896 x 448 default).
     "seggpt": Rule(config={"image_size": [128, 64]}, inputs=_extra_inputs(_seggpt_prompt, "prompt_pixel_values")),
+    # Its default encoder (wav2vec2-style) reads the waveform; the filterbank features are the alternative.
+    "speech-encoder-decoder": Rule(inputs=_drop("input_features", unless_missing="input_values")),
     # SigLIP2 (NaFlex) takes pre-cut patches with their mask and grid shapes.
     "siglip2": Rule(inputs=_siglip2_patches),
     "siglip2_vision_model": Rule(inputs=_siglip2_patches),
