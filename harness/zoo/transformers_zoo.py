@@ -103,7 +103,9 @@ def finish(entry: ZooEntry, model: torch.nn.Module, config: Any, seed: int, n: i
 def config_for_class(cls: type, config: Any) -> Any:
     """The config `cls` takes, from the tiny config of its model_type. Some classes listed under a model_type
     take another config class: a sub-config of it (a decoder-only or text-only head of a composite model),
-    or a wrapper whose `text_config` is the model_type's config (a head on top of a whole model)."""
+    or a wrapper whose only sub-config, `text_config`, is any model's config (a head on top of a whole model).
+    Otherwise the model_type's own config is kept (some families reuse another's classes with a compatible
+    config)."""
     from transformers import PreTrainedConfig
 
     wanted = getattr(cls, "config_class", None)
@@ -118,9 +120,11 @@ def config_for_class(cls: type, config: Any) -> Any:
         if isinstance(c, wanted):
             return c
         todo += [v for v in vars(c).values() if isinstance(v, PreTrainedConfig)]
+    from transformers import AutoConfig
+
+    if getattr(wanted, "sub_configs", None) != {"text_config": AutoConfig}:
+        return config  # not a wrapper of any one model (composite configs of other families are duck-typed)
     fields = {f.name for f in dataclasses.fields(wanted)} if dataclasses.is_dataclass(wanted) else set()
-    if "text_config" not in fields:
-        return config
     extra: dict[str, Any] = {}
     hidden = getattr(text_config_of(config), "hidden_size", None)
     if "hidden_size" in fields and hidden:

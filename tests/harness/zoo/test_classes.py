@@ -72,3 +72,9 @@ def test_waveform_is_padded_to_the_frame_multiple_the_model_names():
 
     out = fit_waveform(_WantsFrames(), {"input_values": torch.randn(2, 1000)})
     assert out["input_values"].shape == (2, 1200)
+
+
+def test_composite_config_of_another_family_is_kept():
+    # ShieldGemma2 reuses Gemma3ForConditionalGeneration with its own (compatible) config: no wrapping
+    config = tiny_config("shieldgemma2")
+    assert config_for_class(model_class("Gemma3ForConditionalGeneration"), config) is config
