@@ -92,7 +92,7 @@ def _mel_first(frames: int) -> Callable[[Any, Any, dict[str, Any], int], dict[st
         if "input_features" not in inputs:
             return inputs  # a text-only class of the family
         g = torch.Generator().manual_seed(seed)
-        mel = getattr(getattr(config, "audio_config", None) or config, "num_mel_bins")
+        mel = (getattr(config, "audio_config", None) or config).num_mel_bins
         out = {**inputs, "input_features": torch.randn(2, mel, frames, generator=g)}
         if "input_features_mask" in inputs:
             out["input_features_mask"] = torch.ones(2, frames, dtype=torch.long)
@@ -198,6 +198,14 @@ def _pop2piano_features(model: Any, config: Any, inputs: dict[str, Any], seed: i
     return out
 
 
+def _text_line_images(model: Any, config: Any, inputs: dict[str, Any], seed: int) -> dict[str, Any]:
+    """Text-line recognisers pool the 1/32-scale feature map with a (3, 2) window: 96 px high images."""
+    import torch
+
+    b, c, _, w = inputs["pixel_values"].shape
+    return {**inputs, "pixel_values": torch.randn(b, c, 96, w, generator=torch.Generator().manual_seed(seed))}
+
+
 _QSA = {"indexer_n_heads": 2, "indexer_kv_heads": 1, "indexer_head_dim": 16, "indexer_budget": 8,
         "indexer_compress_ratio": 4}
 
@@ -207,7 +215,8 @@ RULES: dict[str, Rule] = {
     # Gemma 3 pools the vision tower's patch grid down to mm_tokens_per_image (a square): 4 patches per side
     # at 64 px, so 4 tokens (2 x 2), not the default 256.
     "gemma3": Rule(config={"mm_tokens_per_image": 4}),
-    "shieldgemma2": Rule(config={"mm_tokens_per_image": 4}),
+    # (ShieldGemma2 also scores its Yes/No vocabulary entries, 10784 and 3771 unless set: inside the shrunk vocab.)
+    "shieldgemma2": Rule(config={"mm_tokens_per_image": 4}, after={"yes_token_index": 10, "no_token_index": 11}),
     "t5gemma2": Rule(config={"encoder": {"mm_tokens_per_image": 4}}),
     # EfficientNet's last conv width is round_filters(1280) at the shrunk width coefficient, not hidden_dim.
     "efficientnet": Rule(config={"hidden_dim": 320}),
@@ -244,15 +253,18 @@ RULES: dict[str, Rule] = {
     # MusicGen decoders take one row of audio codes per codebook, not one row of text tokens per sample.
     "musicgen": Rule(inputs=_codebook_rows),
     "musicgen_melody": Rule(inputs=_codebook_rows),
-    "pop2piano": Rule(inputs=_pop2piano_features),
     # The flow head is conditioned on the backbone's hidden states (condition_dim must equal hidden_size).
     "pocket_tts": Rule(config={"flow_head_config": {"condition_dim": 64}}),
     # The decoder half of the codec decodes (batch, hidden_size, frames) latents.
     "pocket_tts_audio_tokenizer_decoder": Rule(inputs=_conv_hidden_states("hidden_size", 8, "latents")),
+    # Pop2Piano's encoder reads audio features as its input embeddings, instead of text ids.
+    "pop2piano": Rule(inputs=_pop2piano_features),
     # Its detection post-processing keeps boxes above a per-class threshold, given only by checkpoints.
     "pp_doclayout_v2": Rule(config={"class_thresholds": [0.5, 0.5], "class_order": [0, 1]}),
     # The mask branch reads the HGNetV2 backbone's first stage, whose width (128 -> 8) x4_feat_dim repeats.
     "pp_doclayout_v3": Rule(config={"x4_feat_dim": 8}),
+    # The text-line recogniser pools its 1/32-scale features with a (3, 2) window: images 96 px high.
+    "pp_ocrv5_mobile_rec": Rule(inputs=_text_line_images),
     # The Omni thinkers' M-RoPE index reads vision_start_token_id, which only checkpoints' thinker configs carry.
     "qwen2_5_omni_thinker": Rule(config={"vision_start_token_id": 1000}),
     # Qwen2-Audio expands one audio placeholder per row (its legacy prompt layout).
@@ -272,18 +284,18 @@ RULES: dict[str, Rule] = {
     "sam": Rule(config={"vision_config": {"output_channels": 64, "num_pos_feats": 32}}),
     "sam_hq": Rule(config={"vision_config": {"output_channels": 64, "num_pos_feats": 32},
                            "mask_decoder_config": {"vit_dim": 64}}),
+    # Sapiens2's dense-prediction heads are described only by checkpoint configs (no default upsampling stack).
+    "sapiens2": Rule(config={"head_config": {"upsample_out_channels": [32, 16], "conv_out_channels": [16]}}),
     # SeamlessM4T's base model translates either text or speech: given speech, the text ids must go.
     "seamless_m4t": Rule(inputs=_drop("input_ids", "attention_mask", unless_missing="input_features")),
     "seamless_m4t_v2": Rule(inputs=_drop("input_ids", "attention_mask", unless_missing="input_features")),
-    # Sapiens2's dense-prediction heads are described only by checkpoint configs (no default upsampling stack).
-    "sapiens2": Rule(config={"head_config": {"upsample_out_channels": [32, 16], "conv_out_channels": [16]}}),
     # SegGPT's image_size is the prompt and the input stacked (2:1, like its 896 x 448 default).
     "seggpt": Rule(config={"image_size": [128, 64]}, inputs=_extra_inputs(_seggpt_prompt, "prompt_pixel_values")),
-    # Its default encoder (wav2vec2-style) reads the waveform; the filterbank features are the alternative.
-    "speech-encoder-decoder": Rule(inputs=_drop("input_features", unless_missing="input_values")),
     # SigLIP2 (NaFlex) takes pre-cut patches with their mask and grid shapes.
     "siglip2": Rule(inputs=_siglip2_patches),
     "siglip2_vision_model": Rule(inputs=_siglip2_patches),
+    # Its default encoder (wav2vec2-style) reads the waveform; the filterbank features are the alternative.
+    "speech-encoder-decoder": Rule(inputs=_drop("input_features", unless_missing="input_values")),
     # Splinter's pre-training head needs a question token in every row.
     "splinter": Rule(inputs=_question_fix),
     # Step3p7's sliding-attention heads need a window, which the config leaves None.
