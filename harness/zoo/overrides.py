@@ -317,6 +317,9 @@ RULES: dict[str, Rule] = {
     # (8 mel frames) to each text token: 128 frames for the 16 tokens.
     "voxtral_realtime": Rule(inputs=_mel_first(128)),
     "voxtral_realtime_encoder": Rule(inputs=_mel_first(128)),
+    # xLSTM's cache sizes its state from q/k and v widths rounded up to multiples of 64, the layers from the
+    # exact widths (hidden * 0.5 and hidden * 1.0): they agree from hidden 128 on.
+    "xlstm": Rule(config={"hidden_size": 128, "embedding_dim": 128}),
     # Zamba ties its shared transformer block across hybrid layers: two hybrid layers leave something to tie.
     "zamba": Rule(config={"num_hidden_layers": 3, "layers_block_type": ["linear_attention", "hybrid", "hybrid"]}),
 }
