@@ -500,6 +500,8 @@ def _fix_heads(d: dict[str, Any], old: dict[str, Any]) -> None:
                 old[n_heads] * old[d_head] == old[expand] * old_hidden_of(old):
             # Mamba-2 heads must tile the expanded inner size
             d[d_head] = max(1, d[expand] * hidden // d[n_heads])
+    if _is_int(d.get("pooler_output_size")) and hidden and old["pooler_output_size"] == old_hidden_of(old):
+        d["pooler_output_size"] = hidden  # ViT's pooler keeps the width that dual encoders project from
     if _is_int(d.get("upsample_groups")) and hidden and old["upsample_groups"] == old_hidden_of(old):
         d["upsample_groups"] = hidden  # Mimi-style depthwise upsampling: one group per channel
     if _is_int(d.get("attention_hidden_size")) and hidden and old_hidden_of(old) and \

@@ -65,3 +65,8 @@ def test_ssm_groups_divide_the_shrunk_mamba_heads():
 def test_depthwise_upsampling_groups_follow_the_hidden_size():
     c = tiny_config("pocket_tts_audio_tokenizer")
     assert c.upsample_groups == c.hidden_size
+
+
+def test_vit_pooler_keeps_the_hidden_width():
+    c = tiny_config("vit")
+    assert c.pooler_output_size == c.hidden_size
