@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import torch
 
 from harness.zoo import budget, overrides
 from harness.zoo.entry import BuiltEntry, ZooBuildError, ZooEntry
-from harness.zoo.inputs import build_inputs, fit_placeholders, placeholder_id
+from harness.zoo.inputs import build_inputs, fit_placeholders, fit_waveform, placeholder_id
 from harness.zoo.shrink import Size, shrink_dict
 
 
@@ -82,10 +83,16 @@ def finish(entry: ZooEntry, model: torch.nn.Module, config: Any, seed: int, n: i
     rule = overrides.rule_for(entry.model_type)
     try:
         inputs = build_inputs(model, config, entry.model_class, seed)
-        if any(placeholder_id(config, kind) is not None for kind in ("image", "video", "audio")):
-            inputs = fit_placeholders(model, config, inputs)
-        if rule.inputs is not None:
+        if rule.inputs is not None:  # before the probes, which need inputs the model accepts
             inputs = rule.inputs(model, config, inputs, seed)
+        placeholders = any(placeholder_id(config, kind) is not None for kind in ("image", "video", "audio"))
+        for _ in range(2):  # a multimodal model reports a waveform problem only once its images fit
+            before = inputs
+            inputs = fit_waveform(model, inputs)
+            if placeholders:
+                inputs = fit_placeholders(model, config, inputs)
+            if inputs is before:
+                break
     except ZooBuildError:
         raise
     except Exception as exc:
@@ -93,9 +100,52 @@ def finish(entry: ZooEntry, model: torch.nn.Module, config: Any, seed: int, n: i
     return BuiltEntry(model=model, inputs=inputs, entry=entry, num_parameters=n)
 
 
+def config_for_class(cls: type, config: Any) -> Any:
+    """The config `cls` takes, from the tiny config of its model_type. Some classes listed under a model_type
+    take another config class: a sub-config of it (a decoder-only or text-only head of a composite model),
+    or a wrapper whose only sub-config, `text_config`, is any model's config (a head on top of a whole model).
+    Otherwise the model_type's own config is kept (some families reuse another's classes with a compatible
+    config)."""
+    from transformers import PreTrainedConfig
+
+    wanted = getattr(cls, "config_class", None)
+    if wanted is None or isinstance(config, wanted):
+        return config
+    seen, todo = set(), [config]
+    while todo:  # breadth first: the outermost matching sub-config
+        c = todo.pop(0)
+        if id(c) in seen:
+            continue
+        seen.add(id(c))
+        if isinstance(c, wanted):
+            return c
+        todo += [v for v in vars(c).values() if isinstance(v, PreTrainedConfig)]
+    from transformers import AutoConfig
+
+    if getattr(wanted, "sub_configs", None) != {"text_config": AutoConfig}:
+        return config  # not a wrapper of any one model (composite configs of other families are duck-typed)
+    fields = {f.name for f in dataclasses.fields(wanted)} if dataclasses.is_dataclass(wanted) else set()
+    extra: dict[str, Any] = {}
+    hidden = getattr(text_config_of(config), "hidden_size", None)
+    if "hidden_size" in fields and hidden:
+        extra["hidden_size"] = hidden  # the head reads the wrapped model's hidden states
+    try:
+        return wanted(text_config=config.to_dict(), **extra)
+    except Exception as exc:
+        raise ZooBuildError(f"{type(exc).__name__}: {exc}", category="config_error", stage="config") from exc
+
+
+def text_config_of(config: Any) -> Any:
+    try:
+        return config.get_text_config()
+    except Exception:  # some composite configs' get_text_config is strict about their layout
+        return config
+
+
 def build(entry: ZooEntry, seed: int = 0) -> BuiltEntry:
-    config = tiny_config(entry.model_type)
+    cls = model_class(entry.model_class)
+    config = config_for_class(cls, tiny_config(entry.model_type))
     if entry.model_class.endswith("ForCTC") and getattr(config, "vocab_size", None) is None:
         config.vocab_size = 32  # CTC heads need an output alphabet; base configs leave it to the tokenizer
-    model, n = instantiate(model_class(entry.model_class), config, seed)
+    model, n = instantiate(cls, config, seed)
     return finish(entry, model, model.config, seed, n)
