@@ -163,8 +163,9 @@ def _meta_dtypes(op: Any, args: tuple, kwargs: dict) -> list[torch.dtype] | None
 
     torchax's lowerings sometimes return a different dtype than PyTorch (JAX promotion, x64 defaults);
     the result is cast to PyTorch's dtype so `.dtype` and the numbers agree with CPU."""
-    key = (op, tuple((x.dtype, x.dim() == 0, x.device.type) if isinstance(x, torch.Tensor) else
-                     (x if isinstance(x, (torch.dtype, bool)) else type(x)) for x in _leaves(args, kwargs)))
+    key = (op, torch.get_default_dtype(),  # factories without a dtype (and float scalars) follow the default
+           tuple((x.dtype, x.dim() == 0, x.device.type) if isinstance(x, torch.Tensor) else
+                 (x if isinstance(x, (torch.dtype, bool)) else type(x)) for x in _leaves(args, kwargs)))
     try:
         return _meta_cache[key]
     except KeyError:
@@ -273,6 +274,8 @@ def _describe(x: Any) -> Any:
     if isinstance(x, torch.Tensor):
         return (x.dtype, x.dim() == 0) if x.device.type == "tpu" else _NOT_PLANNABLE
     if isinstance(x, _SCALARS):
+        if x != x:  # NaN is never equal to itself: as a key it would add a plan on every call
+            return _NOT_PLANNABLE
         return (type(x), x)  # the type too: 1, 1.0 and True are equal keys but give different dtypes
     if isinstance(x, list | tuple) and all(type(v) is int for v in x):
         return (type(x), tuple(x))
