@@ -255,21 +255,49 @@ def _cpu_to_tpu(t: Any, adopt: bool) -> Any:
 
     if adopt and t.data_ptr() % _XLA_ALIGN:
         # A checkpoint's tensors sit wherever its header ends (safetensors aligns to 8 bytes), so XLA would
-        # copy this one out of the mapping, pulling the file's pages into this process's RSS beside the
-        # copy until the loader closes the file. Reading the bytes with pread into an aligned buffer makes
-        # the one host copy XLA adopts, and leaves the file's pages in the OS page cache, outside our RSS.
-        reread = _pread_mapped(t)
-        t = t if reread is None else reread
+        # copy this one out of the mapping now, pulling the file's pages into this process's RSS beside
+        # the copy. Instead the tensor reads its bytes from the file (pread, into an aligned buffer XLA
+        # adopts) on first use: loading costs nothing, as it does for a CPU tensor over the mapping.
+        where = _mapped_range(t)
+        if where is not None:
+            return T.wrap_lazy(tuple(t.shape), t.dtype, functools.partial(_read_range, *where, t.dtype,
+                                                                           tuple(t.shape)))
     return T.wrap(T.from_cpu(t, adopt=adopt), t.dtype)
 
 
-def _pread_mapped(t: Any) -> Any:
-    """A contiguous CPU tensor that is a view of a memory-mapped file, read again from the file with pread
-    into a new aligned tensor; None if `t` is not such a view. Hand-written because neither safetensors nor
-    torch says which file and offset a tensor maps (/proc/self/maps does, on Linux)."""
-    import numpy as np
-    import torch
+class _OpenFile:
+    """A checkpoint file held open (its inode stays readable even if the path is replaced) while any
+    lazily read tensor still needs it."""
 
+    def __init__(self, path: str) -> None:
+        self.fd = os.open(path, os.O_RDONLY)
+
+    def __del__(self) -> None:
+        try:
+            os.close(self.fd)
+        except (OSError, AttributeError):
+            pass
+
+
+_open_files: dict[tuple[int, int], Any] = {}  # (device, inode) -> weakref to _OpenFile
+
+
+def _open_file(path: str) -> _OpenFile:
+    import weakref
+
+    st = os.stat(path)
+    ref = _open_files.get((st.st_dev, st.st_ino))
+    f = ref() if ref is not None else None
+    if f is None:
+        f = _OpenFile(path)
+        _open_files[(st.st_dev, st.st_ino)] = weakref.ref(f)
+    return f
+
+
+def _mapped_range(t: Any) -> tuple[_OpenFile, int, int] | None:
+    """(open file, offset, nbytes) of a contiguous CPU tensor that is a view of a memory-mapped file; None
+    if `t` is not such a view. Hand-written because neither safetensors nor torch says which file and
+    offset a tensor maps (/proc/self/maps does, on Linux)."""
     nbytes = t.numel() * t.element_size()
     if not t.is_contiguous() or nbytes == 0 or not sys.platform.startswith("linux"):
         return None
@@ -284,20 +312,30 @@ def _pread_mapped(t: Any) -> Any:
             else:
                 return None
         if inode == "0" or not path or not path[0].startswith("/"):
-            return None  # anonymous memory: nothing to re-read
-        raw = np.empty(nbytes + _XLA_ALIGN, np.uint8)
-        start = -raw.ctypes.data % _XLA_ALIGN
-        buf = raw[start:start + nbytes]
-        with open(path[0], "rb", buffering=0) as f:
-            pos, view = addr - lo + int(offset, 16), memoryview(buf)
-            while view.nbytes:
-                n = os.preadv(f.fileno(), [view], pos)
-                if n <= 0:
-                    return None
-                view, pos = view[n:], pos + n
-    except (OSError, ValueError):  # only memory is at stake: fall back to XLA's copy
+            return None  # anonymous memory: nothing to read again
+        return _open_file(path[0]), addr - lo + int(offset, 16), nbytes
+    except (OSError, ValueError):  # only memory is at stake: XLA copies instead
         return None
-    return torch.from_numpy(buf).view(t.dtype).reshape(t.shape)
+
+
+def _read_range(f: _OpenFile, pos: int, nbytes: int, dtype: Any, shape: tuple[int, ...]) -> Any:
+    """The bytes [pos, pos + nbytes) of `f` as a device array of `dtype` and `shape`, read with pread into
+    a 64-byte-aligned host buffer that XLA:CPU adopts (one copy of the data, outside the page cache)."""
+    import numpy as np
+    import torch
+
+    from hf_tpu import tensor as T
+
+    raw = np.empty(nbytes + _XLA_ALIGN, np.uint8)
+    start = -raw.ctypes.data % _XLA_ALIGN
+    buf = raw[start:start + nbytes]
+    view = memoryview(buf)
+    while view.nbytes:
+        n = os.preadv(f.fd, [view], pos)
+        if n <= 0:
+            raise OSError(f"hf_tpu: checkpoint file ended early while reading {nbytes} bytes at offset {pos}")
+        view, pos = view[n:], pos + n
+    return T.from_cpu(torch.from_numpy(buf).view(dtype).reshape(shape), adopt=True)
 
 
 def _patch_checkpoint_errors(mod: Any) -> None:
@@ -397,7 +435,9 @@ def _patch_storage_identity(mod: Any) -> None:
                 and _tpu_served_by_hf_tpu():
             from hf_tpu import tensor as T
 
-            return (tensor.device, *T.storage_identity(tensor))
+            # (the size slot: 0, as the buffer identity alone is unique and reading a lazy buffer's
+            # size would load it)
+            return (tensor.device, T.storage_identity(tensor), 0)
         return orig(tensor)
 
     id_tensor_storage._hf_tpu_patched = True  # type: ignore[attr-defined]

@@ -14,6 +14,8 @@ the source tensor's logical (row-major) frame, which is the frame `as_strided_in
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -23,13 +25,34 @@ from hf_tpu import dtypes
 
 
 class Buffer:
-    """Device memory shared by a tensor and its views; `version` moves on every write."""
+    """Device memory shared by a tensor and its views; `version` moves on every write.
 
-    __slots__ = ("array", "version")
+    The array may come later: a Buffer made with a `loader` calls it on first use, as a CPU tensor over a
+    memory-mapped checkpoint reads its pages on first use (see patches._cpu_to_tpu)."""
 
-    def __init__(self, array: Any) -> None:
-        self.array = array
+    __slots__ = ("_array", "_loader", "version")
+
+    def __init__(self, array: Any = None, loader: Callable[[], Any] | None = None) -> None:
+        self._array = array
+        self._loader = loader
         self.version = 0
+
+    @property
+    def array(self) -> Any:
+        a = self._array
+        if a is None:
+            with _load_lock:  # two threads' first uses must not read (and allocate) twice
+                if self._array is None:
+                    self._array, self._loader = self._loader(), None  # type: ignore[misc]
+            a = self._array
+        return a
+
+    @array.setter
+    def array(self, value: Any) -> None:
+        self._array, self._loader = value, None
+
+
+_load_lock = threading.Lock()
 
 
 class Payload:
@@ -57,6 +80,13 @@ def wrap(array: Any, dtype: torch.dtype | None = None) -> torch.Tensor:
     return t
 
 
+def wrap_lazy(shape: tuple[int, ...], dtype: torch.dtype, loader: Callable[[], Any]) -> torch.Tensor:
+    """A new tpu tensor whose array `loader()` makes on first use (it must return that shape and dtype)."""
+    t = _create(shape, dtype)
+    t.untyped_storage()._hf_tpu = Payload(Buffer(loader=loader))
+    return t
+
+
 def payload(t: torch.Tensor) -> Payload:
     try:
         return t.untyped_storage()._hf_tpu
@@ -67,11 +97,11 @@ def payload(t: torch.Tensor) -> Payload:
         ) from None
 
 
-def storage_identity(t: torch.Tensor) -> tuple[int, int]:
-    """(id, nbytes) of the device buffer `t` reads: equal for a tensor, its views and its aliases, as a
-    storage's data pointer is for a CPU tensor (a tpu tensor's PyTorch storage has no data pointer)."""
-    buf = payload(t).buf
-    return id(buf), int(buf.array.size) * buf.array.dtype.itemsize
+def storage_identity(t: torch.Tensor) -> int:
+    """The identity of the device buffer `t` reads: equal for a tensor, its views and its aliases, as a
+    storage's data pointer is for a CPU tensor (a tpu tensor's PyTorch storage has no data pointer).
+    Never loads a lazy buffer."""
+    return id(payload(t).buf)
 
 
 def is_tpu(t: Any) -> bool:
