@@ -93,9 +93,27 @@ def finish(entry: ZooEntry, model: torch.nn.Module, config: Any, seed: int, n: i
     return BuiltEntry(model=model, inputs=inputs, entry=entry, num_parameters=n)
 
 
+def config_for(cls: type, config: Any) -> Any:
+    """The (sub-)config `cls` is built from: the text or vision tower of a composite family (Llama4TextModel
+    under model_type llama4) takes the composite config's sub-config of its own config class."""
+    want = getattr(cls, "config_class", None)
+    if not isinstance(want, type) or isinstance(config, want):
+        return config
+    todo = [config]
+    while todo:
+        c = todo.pop(0)
+        subs = [v for v in vars(c).values() if hasattr(v, "to_dict") and hasattr(v, "model_type")]
+        for sub in subs:
+            if isinstance(sub, want):
+                return sub
+        todo += subs
+    return config
+
+
 def build(entry: ZooEntry, seed: int = 0) -> BuiltEntry:
-    config = tiny_config(entry.model_type)
+    cls = model_class(entry.model_class)
+    config = config_for(cls, tiny_config(entry.model_type))
     if entry.model_class.endswith("ForCTC") and getattr(config, "vocab_size", None) is None:
         config.vocab_size = 32  # CTC heads need an output alphabet; base configs leave it to the tokenizer
-    model, n = instantiate(model_class(entry.model_class), config, seed)
+    model, n = instantiate(cls, config, seed)
     return finish(entry, model, model.config, seed, n)

@@ -94,3 +94,12 @@ def test_overrides_apply(full):
 
     assert tiny_config("xmod").default_language == "en_XX"
     assert tiny_config("gemma3").mm_tokens_per_image == 4
+
+
+def test_tower_class_gets_its_own_sub_config():
+    from harness.zoo.transformers_zoo import config_for, model_class, tiny_config
+
+    # Llama4TextModel is listed under model_type llama4 but is built from the text sub-config.
+    config = tiny_config("llama4")
+    assert config_for(model_class("Llama4TextModel"), config) is config.text_config
+    assert config_for(model_class("Llama4ForConditionalGeneration"), config) is config
