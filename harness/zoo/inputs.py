@@ -174,6 +174,19 @@ def build_inputs(model: torch.nn.Module, config: Any, model_class: str, seed: in
         out.update({key: grid["pixel_values"], "grid_thw": grid["image_grid_thw"]})
     elif "pixel_values" in params:
         out.update(vision_inputs(config, model_class, g))
+    grid = getattr(config, "image_grid_pinpoints", None)
+    if "image_sizes" in params and getattr(out.get("pixel_values"), "dim", lambda: 0)() == 4 and \
+            (grid or _vision_tower_takes(model, "image_sizes")):
+        # "any resolution" models and Pixtral towers cut each image to its (height, width) and have no default
+        # (a CLIP tower under LLaVA takes no sizes: passing them switches LLaVA to the Pixtral path)
+        out["image_sizes"] = torch.tensor([list(out["pixel_values"].shape[-2:])] * BATCH)
+        if isinstance(grid, list) and grid:
+            # "any resolution" models take (batch, tiles, c, h, w): the base image plus the tiles of the best grid
+            from transformers.models.llava_next.modeling_llava_next import image_size_to_num_patches
+
+            b, c, h, w = out["pixel_values"].shape
+            n = image_size_to_num_patches((h, w), grid, h)
+            out["pixel_values"] = torch.randn(b, n, c, h, w, generator=g)
     if "pixel_values_videos" in params and "pixel_values" not in params:
         c, h, w = image_hw(config)
         out["pixel_values_videos"] = torch.randn(BATCH, 4, c, h, w, generator=g)
@@ -198,6 +211,14 @@ def build_inputs(model: torch.nn.Module, config: Any, model_class: str, seed: in
             out[mask] = torch.ones(feats.shape[0], feats.shape[-1] if feats.shape[1] == find(config, "num_mel_bins")
                                    else feats.shape[1], dtype=torch.long)
     return out
+
+
+def _vision_tower_takes(model: torch.nn.Module, param: str) -> bool:
+    """Whether a vision tower inside `model` (vision_tower, vision_encoder...) has `param` in its forward."""
+    for name, module in model.named_modules():
+        if "vision" in name.rsplit(".", 1)[-1] and param in forward_params(module):
+            return True
+    return False
 
 
 def grid_vision_inputs(config: Any, g: torch.Generator, grid: int = 4) -> dict[str, Any]:

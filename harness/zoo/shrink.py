@@ -214,6 +214,7 @@ def shrink_dict(d: dict[str, Any], size: Size = Size(), model_type: str | None =
     _fix_layer_lists(d, old, old_layers, size)
     _fix_out_indices(d, old, old_layers)
     _fix_feature_layers(d)
+    _fix_grid_pinpoints(d)
     _fix_heads(d, old)
     if _top:
         _fix_token_ids(d)
@@ -329,6 +330,19 @@ def _fix_feature_layers(d: dict[str, Any]) -> None:
             d[key] = clamp(v)
         elif isinstance(v, list) and v and all(_is_int(x) for x in v):
             d[key] = [clamp(x) for x in v]
+
+
+def _fix_grid_pinpoints(d: dict[str, Any]) -> None:
+    """LLaVA-NeXT-style "any resolution" grids are multiples of the vision tower's image size: rescale them to
+    the shrunk size and keep the grids of at most 2 tiles (each tile is one more pass of the vision tower)."""
+    grid, vision = d.get("image_grid_pinpoints"), d.get("vision_config")
+    size = vision.get("image_size") if isinstance(vision, dict) else None
+    if not (isinstance(grid, list) and grid and _is_int(size)
+            and all(isinstance(p, (list, tuple)) and len(p) == 2 and all(_is_int(x) and x > 0 for x in p) for p in grid)):
+        return
+    unit = math.gcd(*[x for p in grid for x in p])
+    small = [[h // unit * size, w // unit * size] for h, w in grid if (h // unit) * (w // unit) <= 2]
+    d["image_grid_pinpoints"] = small or [[size, size]]
 
 
 def _fix_heads(d: dict[str, Any], old: dict[str, Any]) -> None:

@@ -65,3 +65,11 @@ def test_budget_is_checked_before_allocation():
         check_budget(lambda: torch.nn.Linear(4096, 4096), budget=1_000_000)
     assert info.value.category == "over_budget" and "weight (4096, 4096)" in str(info.value)
     assert check_budget(lambda: torch.nn.Linear(8, 8), budget=1_000_000) == 72
+
+
+def test_any_resolution_grids_follow_the_shrunk_image_size():
+    d = {"image_grid_pinpoints": [[336, 672], [672, 336], [672, 672], [1008, 336]],
+         "vision_config": {"model_type": "clip_vision_model", "image_size": 336, "patch_size": 14}}
+    out = shrink_dict(d, Size())
+    size = out["vision_config"]["image_size"]
+    assert out["image_grid_pinpoints"] == [[size, 2 * size], [2 * size, size]]

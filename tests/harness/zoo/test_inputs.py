@@ -1,0 +1,21 @@
+"""Input builders give each modality the extra tensors its forward has no default for."""
+
+from harness.zoo.inputs import build_inputs
+from harness.zoo.transformers_zoo import model_class, tiny_config
+
+
+def _inputs(model_type: str, cls: str) -> dict:
+    config = tiny_config(model_type)
+    model = model_class(cls)._from_config(config)
+    return build_inputs(model, config, cls)
+
+
+def test_any_resolution_images_come_as_tiles_with_their_sizes():
+    inputs = _inputs("llava_next", "LlavaNextModel")
+    assert inputs["pixel_values"].dim() == 5  # (batch, base image + tiles, c, h, w)
+    assert inputs["image_sizes"].tolist() == [list(inputs["pixel_values"].shape[-2:])] * 2
+
+
+def test_image_sizes_only_for_towers_that_take_them():
+    assert "image_sizes" in _inputs("mistral3", "Mistral3Model")  # Pixtral tower
+    assert "image_sizes" not in _inputs("llava", "LlavaModel")  # CLIP tower
