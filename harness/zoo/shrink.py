@@ -80,6 +80,8 @@ R_STAGE_DEPTHS = _rx(r"depths", r"num_layers_per_stage", r"layers", r"block_laye
                      r"depth", r"blocks_per_stage")
 R_STAGE_HEADS = _rx(r"num_heads", r"num_attention_heads", r"heads", r"attention_heads", r"encoder_attention_heads",
                     r"num_heads_per_stage", r"num_attention_heads_per_stage")
+# Channel lists of one network that chain into each other (stage i's out is stage i+1's in): one common scale.
+R_CHANNEL_CHAIN = _rx(r"stem_channels", r"stage_.*_channels")
 # Scaling factors of EfficientNet/MobileNet-style families (channel and repeat multipliers).
 _MULTIPLIERS = {"width_coefficient": 0.25, "depth_coefficient": 0.5, "width_multiplier": 0.25}
 # Lists whose length is a stage/feature count that must not be cut even if it equals the layer count.
@@ -149,6 +151,23 @@ def _shrink_int_list(key: str, v: list[int], size: Size) -> list[int] | None:
     return None
 
 
+def _scale_channel_chain(d: dict[str, Any], size: Size) -> set[str]:
+    """Scale the chained channel lists (HGNet's stem/stage in/mid/out) by one factor so that equal widths stay
+    equal, the widest to 16 x stage_width; returns the keys done."""
+    keys = [k for k, v in d.items() if R_CHANNEL_CHAIN.match(k) and isinstance(v, list) and v
+            and all(_is_int(x) for x in v)]
+    if keys:  # the per-stage widths (a classifier's input) are the same channels
+        keys += [k for k, v in d.items() if R_STAGE_WIDTHS.match(k) and isinstance(v, list) and v
+                 and all(_is_int(x) for x in v)]
+    top = max((x for k in keys for x in d[k]), default=0)
+    if top <= 64 * size.stage_width:  # narrow already; nested block configs may repeat these widths
+        return set(keys)
+    scale = 16 * size.stage_width / top
+    for k in keys:
+        d[k] = [max(8, int(round(x * scale / 8)) * 8) if x > 8 else x for x in d[k]]
+    return set(keys)
+
+
 def _cut_layer_list(v: list[Any], n: int) -> list[Any]:
     """Cut a per-layer list to `n` entries keeping one layer of each kind (hybrid models need all kinds)."""
     if all(isinstance(x, str) for x in v):
@@ -196,6 +215,7 @@ def shrink_dict(d: dict[str, Any], size: Size = Size(), model_type: str | None =
     if isinstance(d.get("depths"), (list, tuple)) and len(d["depths"]) >= 3:
         # hierarchical (Swin-like) widths double per stage: start narrow so the last stage stays small
         size = dataclasses.replace(size, hidden=min(size.hidden, 2 * size.stage_width))
+    keep |= _scale_channel_chain(d, size)
     for k, v in list(d.items()):
         if _is_subconfig(k, v):
             d[k] = shrink_dict(v, size, _top=False)
@@ -211,6 +231,7 @@ def shrink_dict(d: dict[str, Any], size: Size = Size(), model_type: str | None =
                 d[k] = new
 
     _fix_stage_lists(d, old)
+    _fix_width_copies(d, old)
     _fix_layer_lists(d, old, old_layers, size)
     _fix_out_indices(d, old, old_layers)
     _fix_feature_layers(d)
@@ -312,6 +333,16 @@ def _fix_stage_lists(d: dict[str, Any], old: dict[str, Any]) -> None:
         d["global_attention_blocks"] = sorted({min(x, sum(depths) - 1) for x in blocks})
     if isinstance(d.get("window_size_per_stage"), list):
         d["window_size_per_stage"] = [min(x, 2) if _is_int(x) else x for x in d["window_size_per_stage"]]
+
+
+def _fix_width_copies(d: dict[str, Any], old: dict[str, Any]) -> None:
+    """A list repeating one hidden width ([256, 256, 256] = d_model per feature level) follows that width."""
+    for k, v in list(d.items()):
+        if not (isinstance(v, list) and v and v == old.get(k) and all(_is_int(x) for x in v) and len(set(v)) == 1):
+            continue
+        width = next((d[h] for h in d if R_HIDDEN.match(h) and _is_int(d[h]) and old.get(h) == v[0] != d[h]), None)
+        if width is not None:
+            d[k] = [width] * len(v)
 
 
 def _fix_feature_layers(d: dict[str, Any]) -> None:

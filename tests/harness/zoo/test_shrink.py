@@ -73,3 +73,16 @@ def test_any_resolution_grids_follow_the_shrunk_image_size():
     out = shrink_dict(d, Size())
     size = out["vision_config"]["image_size"]
     assert out["image_grid_pinpoints"] == [[size, 2 * size], [2 * size, size]]
+
+
+def test_chained_channel_lists_share_one_scale():
+    c = tiny_config("hgnet_v2")
+    assert max(c.stage_out_channels) <= 256
+    assert c.stage_in_channels[1:] == c.stage_out_channels[:-1]  # stage i feeds stage i + 1
+    assert c.stem_channels[-1] == c.stage_in_channels[0] and c.hidden_sizes[-1] == c.stage_out_channels[-1]
+
+
+def test_lists_repeating_a_width_follow_it():
+    d = {"d_model": 256, "decoder_in_channels": [256, 256, 256], "feat_strides": [8, 16, 32]}
+    out = shrink_dict(d, Size())
+    assert out["decoder_in_channels"] == [out["d_model"]] * 3 and out["feat_strides"] == [8, 16, 32]
