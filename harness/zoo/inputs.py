@@ -203,6 +203,9 @@ def build_inputs(model: torch.nn.Module, config: Any, model_class: str, seed: in
         out.update(audio_values(config, g))
     if "input_features" in params:
         out.update(audio_features(config, g))
+    if "latents" in params and getattr(model, "main_input_name", None) == "latents":
+        # a neural codec's decoder on its own: continuous latents (batch, hidden_size, frames)
+        out["latents"] = torch.randn(BATCH, int(find(config, "hidden_size") or 64), 8, generator=g)
     if "past_values" in params:
         out.update(time_series_inputs(config, params, g))
     for mask in ("feature_attention_mask", "input_features_mask"):

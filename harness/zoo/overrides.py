@@ -32,9 +32,17 @@ def _still_images(inputs: dict[str, Any]) -> dict[str, Any]:
         return {**inputs, "pixel_values": pixels[:, 0]}
     return inputs
 
+_COMPASS_ROPE = {"full_attention": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [4, 2, 2]}}
+
 RULES: dict[str, Rule] = {
     # X-MOD routes every batch through a language adapter and refuses input without a language.
     "xmod": Rule(config={"default_language": "en_XX"}),
+    # BiT normalises with GroupNorm(32) everywhere, down to the bottleneck's width / 4: keep stages >= 128 wide.
+    "bit": Rule(config={"hidden_sizes": [128, 256, 512, 1024], "embedding_size": 64}),
+    # Cohere Compass reads RoPE per layer type and its default config has none (checkpoints set it): one M-RoPE
+    # for full attention, its (t, h, w) sections summing to half the shrunk head dim.
+    "cohere_compass": Rule(config={"text_config": {"rope_parameters": _COMPASS_ROPE}}),
+    "cohere_compass_text": Rule(config={"rope_parameters": _COMPASS_ROPE}),
     # Gemma 3 pools the vision tower's patch grid down to mm_tokens_per_image (a square): 4 patches per side
     # at 64 px, so 4 tokens (2 x 2), not the default 256.
     "gemma3": Rule(config={"mm_tokens_per_image": 4}),

@@ -56,7 +56,8 @@ R_HIDDEN = _rx(r"hidden_size", r"d_model", r"n_embd", r"embed_dim", r"dim", r"hi
                r"projection_hidden_size", r"q_lora_rank", r"kv_lora_rank", r"hidden_channels",
                r"mm_hidden_size", r"adapter_hidden_size", r"d_latents", r".*_hidden_dim", r".*_embedding_dim",
                r"codebook_dim", r".*_projection_dim", r"hidden_size_.*", r"projection_size", r"lru_width",
-               r"upsample_initial_channel", r"xvector_output_dim", r"speech_decoder_postnet_units", r"proj_dim", r"d_state_hidden", r"latent_dim")
+               r"upsample_initial_channel", r"xvector_output_dim", r"speech_decoder_postnet_units", r"proj_dim", r"d_state_hidden", r"latent_dim",
+               r"condition_dim", r".*_hidden_dimension")
 R_INTERMEDIATE = _rx(r"intermediate_size", r"ffn_dim", r".*_ffn_dim", r"n_inner", r"d_ff", r"ffn_hidden_size",
                      r"mlp_dim", r"moe_intermediate_size", r"shared_expert_intermediate_size", r"d_inner",
                      r"feed_forward_size", r".*_intermediate_size", r"intermediate_dim", r"mlp_hidden_size",
@@ -263,6 +264,9 @@ def _fix_layer_lists(d: dict[str, Any], old: dict[str, Any], old_layers: int | N
                 and max(int(x) for x in v) >= n:
             first = sorted(v, key=int)[0]
             sub = {kk: (_shrink_int(kk, vv, v[first], size) if _is_int(vv) else vv) for kk, vv in v[first].items()}
+            if _is_int(sub.get("num_key_value_heads")) and v[first].get("num_key_value_heads") == \
+                    v[first].get("num_attention_heads"):
+                sub["num_key_value_heads"] = sub["num_attention_heads"]  # multi-head stays multi-head
             d[k] = {str(n - 1).zfill(len(first)): sub}
     per_layer = [k for k, v in d.items() if isinstance(v, (list, tuple)) and len(v) == old_layers
                  and k not in _KEEP_LENGTH and not R_STAGE_WIDTHS.match(k) and not R_STAGE_HEADS.match(k)]
@@ -336,13 +340,19 @@ def _fix_stage_lists(d: dict[str, Any], old: dict[str, Any]) -> None:
 
 
 def _fix_width_copies(d: dict[str, Any], old: dict[str, Any]) -> None:
-    """A list repeating one hidden width ([256, 256, 256] = d_model per feature level) follows that width."""
+    """A list repeating one hidden width ([256, 256, 256] = d_model per feature level) follows that width, and so
+    does a group count equal to it."""
     for k, v in list(d.items()):
         if not (isinstance(v, list) and v and v == old.get(k) and all(_is_int(x) for x in v) and len(set(v)) == 1):
             continue
         width = next((d[h] for h in d if R_HIDDEN.match(h) and _is_int(d[h]) and old.get(h) == v[0] != d[h]), None)
         if width is not None:
             d[k] = [width] * len(v)
+    hidden = next((h for h in ("hidden_size", "d_model") if _is_int(d.get(h))), None)
+    for k, v in list(d.items()):
+        # depthwise convolutions: one group per channel of the hidden width
+        if hidden and k.endswith("_groups") and _is_int(v) and v == old.get(hidden) != d[hidden]:
+            d[k] = d[hidden]
 
 
 def _fix_feature_layers(d: dict[str, Any]) -> None:
@@ -434,6 +444,8 @@ def _fix_heads(d: dict[str, Any], old: dict[str, Any]) -> None:
     if all(_is_int(d.get(k)) for k in ("qk_head_dim", "qk_nope_head_dim", "qk_rope_head_dim")) and \
             old["qk_head_dim"] == old["qk_nope_head_dim"] + old["qk_rope_head_dim"]:
         d["qk_head_dim"] = d["qk_nope_head_dim"] + d["qk_rope_head_dim"]
+        if _is_int(d.get("head_dim")) and old.get("head_dim") == old["qk_head_dim"]:
+            d["head_dim"] = d["qk_head_dim"]  # the rotary part is head_dim * partial_rotary_factor
     # top-k experts never above the number of experts
     experts = next((d[k] for k in d if R_EXPERTS.match(k) and _is_int(d[k])), None)
     if experts:

@@ -19,3 +19,8 @@ def test_any_resolution_images_come_as_tiles_with_their_sizes():
 def test_image_sizes_only_for_towers_that_take_them():
     assert "image_sizes" in _inputs("mistral3", "Mistral3Model")  # Pixtral tower
     assert "image_sizes" not in _inputs("llava", "LlavaModel")  # CLIP tower
+
+
+def test_codec_decoder_gets_latents():
+    inputs = _inputs("mimi_decoder", "MimiDecoderModel")
+    assert inputs["latents"].shape[:2] == (2, tiny_config("mimi_decoder").hidden_size)

@@ -86,3 +86,20 @@ def test_lists_repeating_a_width_follow_it():
     d = {"d_model": 256, "decoder_in_channels": [256, 256, 256], "feat_strides": [8, 16, 32]}
     out = shrink_dict(d, Size())
     assert out["decoder_in_channels"] == [out["d_model"]] * 3 and out["feat_strides"] == [8, 16, 32]
+
+
+def test_mla_head_dim_that_was_qk_head_dim_stays_so():
+    c = tiny_config("mistral4")  # its rotary part is head_dim * partial_rotary_factor = qk_rope_head_dim
+    assert c.head_dim == c.qk_head_dim == c.qk_nope_head_dim + c.qk_rope_head_dim
+
+
+def test_per_layer_overrides_keep_multi_head_kv():
+    d = {"num_hidden_layers": 8, "per_layer_config": {"02": {"num_attention_heads": 64, "num_key_value_heads": 64}}}
+    sub = shrink_dict(d, Size())["per_layer_config"]["01"]
+    assert sub["num_key_value_heads"] == sub["num_attention_heads"]
+
+
+def test_group_counts_and_quantizer_widths_follow_the_hidden_size():
+    c = tiny_config("mimi")
+    assert c.upsample_groups == c.hidden_size  # depthwise upsampling
+    assert c.vector_quantization_hidden_dimension == c.codebook_dim
