@@ -95,6 +95,15 @@ def text_inputs(config: Any, params: dict[str, Any], model_class: str, g: torch.
     return out
 
 
+def layout_boxes(config: Any, shape: tuple[int, ...], g: torch.Generator) -> torch.Tensor:
+    """One (x0, y0, x1, y1) box per token for document-layout models, x0 <= x1 and y0 <= y1, in the 0..1000
+    page coordinates their 2-D position embeddings index."""
+    top = min(1000, (find(config, "max_2d_position_embeddings") or 1024) - 1)
+    corners = torch.randint(0, top + 1, (*shape, 2, 2), generator=g)  # two (x, y) points
+    low, high = corners.min(dim=-2).values, corners.max(dim=-2).values
+    return torch.cat([low, high], dim=-1)
+
+
 def decoder_inputs(config: Any, g: torch.Generator) -> dict[str, Any]:
     dec = getattr(config, "decoder", None) or text_config(config)
     return {"decoder_input_ids": random_tokens(dec, (BATCH, DECODER_SEQ), g)}
@@ -162,6 +171,8 @@ def build_inputs(model: torch.nn.Module, config: Any, model_class: str, seed: in
     out: dict[str, Any] = {}
     if "input_ids" in params:
         out.update(text_inputs(config, params, model_class, g))
+    if "bbox" in params and "input_ids" in out:
+        out["bbox"] = layout_boxes(config, out["input_ids"].shape, g)
     derives_decoder = model_class.endswith(("ForSequenceClassification", "ForQuestionAnswering"))
     if "decoder_input_ids" in params and getattr(config, "is_encoder_decoder", False) and not derives_decoder:
         out.update(decoder_inputs(config, g))

@@ -39,10 +39,18 @@ RULES: dict[str, Rule] = {
     "xmod": Rule(config={"default_language": "en_XX"}),
     # BiT normalises with GroupNorm(32) everywhere, down to the bottleneck's width / 4: keep stages >= 128 wide.
     "bit": Rule(config={"hidden_sizes": [128, 256, 512, 1024], "embedding_size": 64}),
+    # BROS adds projected box embeddings to each attention head: the projection width is the head dim (64 / 4).
+    "bros": Rule(config={"dim_bbox_projection": 16}),
     # Cohere Compass reads RoPE per layer type and its default config has none (checkpoints set it): one M-RoPE
     # for full attention, its (t, h, w) sections summing to half the shrunk head dim.
     "cohere_compass": Rule(config={"text_config": {"rope_parameters": _COMPASS_ROPE}}),
     "cohere_compass_text": Rule(config={"rope_parameters": _COMPASS_ROPE}),
+    # dots.3 sliding layers override head_dim to qk_nope + qk_rope (256 = 192 + 64), which the shrunk global
+    # head_dim no longer is: 16 + 16.
+    "dots3_note": Rule(config={"text_config": {"per_layer_config": {"01": {"head_dim": 32}}}}),
+    "dots3_note_text": Rule(config={"per_layer_config": {"01": {"head_dim": 32}}}),
+    # LiLT's layout stream splits hidden_size into 6 box embeddings (hidden // 6 each): 96 divides by 6 and 4 heads.
+    "lilt": Rule(config={"hidden_size": 96}),
     # Gemma 3 pools the vision tower's patch grid down to mm_tokens_per_image (a square): 4 patches per side
     # at 64 px, so 4 tokens (2 x 2), not the default 256.
     "gemma3": Rule(config={"mm_tokens_per_image": 4}),

@@ -57,7 +57,8 @@ R_HIDDEN = _rx(r"hidden_size", r"d_model", r"n_embd", r"embed_dim", r"dim", r"hi
                r"mm_hidden_size", r"adapter_hidden_size", r"d_latents", r".*_hidden_dim", r".*_embedding_dim",
                r"codebook_dim", r".*_projection_dim", r"hidden_size_.*", r"projection_size", r"lru_width",
                r"upsample_initial_channel", r"xvector_output_dim", r"speech_decoder_postnet_units", r"proj_dim", r"d_state_hidden", r"latent_dim",
-               r"condition_dim", r".*_hidden_dimension")
+               r"condition_dim", r".*_hidden_dimension", r"adapter_(in|out)_dim",
+               r"adapter_input_size")
 R_INTERMEDIATE = _rx(r"intermediate_size", r"ffn_dim", r".*_ffn_dim", r"n_inner", r"d_ff", r"ffn_hidden_size",
                      r"mlp_dim", r"moe_intermediate_size", r"shared_expert_intermediate_size", r"d_inner",
                      r"feed_forward_size", r".*_intermediate_size", r"intermediate_dim", r"mlp_hidden_size",
@@ -401,6 +402,11 @@ def _fix_heads(d: dict[str, Any], old: dict[str, Any]) -> None:
         old_hidden = next((old[k] for k in ("hidden_size", "d_model", "n_embd", "embed_dim", "dim") if _is_int(old.get(k))), 0)
         if _is_int(d.get("d_head")) and _is_int(old.get("d_head")) and old["d_head"] * old[heads_key] == old_hidden:
             d["d_head"] = hidden // heads
+        if all(_is_int(d.get(k)) and _is_int(old.get(k)) for k in ("coordinate_size", "shape_size")) and \
+                4 * old["coordinate_size"] + 2 * old["shape_size"] == old_hidden:
+            # LayoutLMv3 concatenates x0, y0, x1, y1 and h, w embeddings into one hidden vector
+            d["coordinate_size"] = hidden // 6
+            d["shape_size"] = (hidden - 4 * d["coordinate_size"]) // 2
         if "head_dim" in d and d["head_dim"] is None:
             d["head_dim"] = hidden // heads  # some classes leave it None and never derive it
         # A head_dim that was hidden/heads must stay so (many attention impls assume it).

@@ -24,3 +24,10 @@ def test_image_sizes_only_for_towers_that_take_them():
 def test_codec_decoder_gets_latents():
     inputs = _inputs("mimi_decoder", "MimiDecoderModel")
     assert inputs["latents"].shape[:2] == (2, tiny_config("mimi_decoder").hidden_size)
+
+
+def test_layout_models_get_ordered_boxes():
+    inputs = _inputs("layoutlm", "LayoutLMModel")
+    box = inputs["bbox"]
+    assert box.shape == (*inputs["input_ids"].shape, 4)
+    assert (box[..., 0] <= box[..., 2]).all() and (box[..., 1] <= box[..., 3]).all() and box.max() <= 1000

@@ -103,3 +103,8 @@ def test_group_counts_and_quantizer_widths_follow_the_hidden_size():
     c = tiny_config("mimi")
     assert c.upsample_groups == c.hidden_size  # depthwise upsampling
     assert c.vector_quantization_hidden_dimension == c.codebook_dim
+
+
+def test_layout_embeddings_still_fill_the_hidden_size():
+    c = tiny_config("layoutlmv3")
+    assert 4 * c.coordinate_size + 2 * c.shape_size == c.hidden_size
