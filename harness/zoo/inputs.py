@@ -141,6 +141,9 @@ def audio_features(config: Any, g: torch.Generator) -> dict[str, Any]:
         return {"input_features": torch.randn(BATCH, 64, per_channel * channels, generator=g)}
     # w2v-BERT-style encoders stack frames: their projection input is a multiple of feature_size
     size = find(config, "feature_projection_input_dim") or find(config, "feature_size") or mel or 80
+    stacked = find(config, "num_stacked_frames")
+    if _is_int(stacked) and mel and size == mel:
+        size = mel * stacked  # low-frame-rate features: stacked mel frames (Fun-ASR)
     return {"input_features": torch.randn(BATCH, 64, size, generator=g)}
 
 
@@ -278,8 +281,8 @@ def fit_placeholders(model: torch.nn.Module, config: Any, inputs: dict[str, Any]
             if m and m.group(2) == "0":
                 token = placeholder_id(config, m.group(1).lower())
                 count = int(m.group(3))
-                if m.group(1) == "Image":
-                    count = _image_feature_rows(model, inputs) or count
+                if m.group(1) in ("Image", "Audio"):
+                    count = _feature_rows(model, inputs, m.group(1).lower()) or count
                 if token is None or count % BATCH:
                     return inputs
                 inputs = _prefix_tokens(inputs, token, count // BATCH)
@@ -296,10 +299,11 @@ def fit_placeholders(model: torch.nn.Module, config: Any, inputs: dict[str, Any]
     return inputs
 
 
-def _image_feature_rows(model: torch.nn.Module, inputs: dict[str, Any]) -> int | None:
-    """Rows of image features the model will scatter into placeholders, asked of `get_image_features`
-    (some models' mismatch message reports elements, not rows)."""
-    get = getattr(model, "get_image_features", None) or getattr(getattr(model, "model", None), "get_image_features", None)
+def _feature_rows(model: torch.nn.Module, inputs: dict[str, Any], kind: str) -> int | None:
+    """Rows of image or audio features the model will scatter into placeholders, asked of
+    `get_{kind}_features` (some models' mismatch message reports elements or batch rows, not feature rows)."""
+    name = f"get_{kind}_features"
+    get = getattr(model, name, None) or getattr(getattr(model, "model", None), name, None)
     if get is None:
         return None
     params = inspect.signature(get).parameters

@@ -37,6 +37,11 @@ _COMPASS_ROPE = {"full_attention": {"rope_type": "default", "rope_theta": 10000.
 RULES: dict[str, Rule] = {
     # X-MOD routes every batch through a language adapter and refuses input without a language.
     "xmod": Rule(config={"default_language": "en_XX"}),
+    # Apertus 1.5 lays out one vocabulary as text, then image codes, then audio codes: shrink the codebooks so
+    # both ranges fit the 1024 tokens, with the placeholders in the text range as in the real layout.
+    "apertus1p5": Rule(config={"vision_config": {"codebook_size": 256}, "audio_config": {"codebook_size": 256},
+                               "image_token_offset": 512, "audio_token_offset": 768, "image_token_id": 500,
+                               "audio_token_id": 501}),
     # BiT normalises with GroupNorm(32) everywhere, down to the bottleneck's width / 4: keep stages >= 128 wide.
     "bit": Rule(config={"hidden_sizes": [128, 256, 512, 1024], "embedding_size": 64}),
     # BROS adds projected box embeddings to each attention head: the projection width is the head dim (64 / 4).
@@ -45,12 +50,26 @@ RULES: dict[str, Rule] = {
     # for full attention, its (t, h, w) sections summing to half the shrunk head dim.
     "cohere_compass": Rule(config={"text_config": {"rope_parameters": _COMPASS_ROPE}}),
     "cohere_compass_text": Rule(config={"rope_parameters": _COMPASS_ROPE}),
+    # Dory splits its layers into input, recurrent and output blocks whose sizes must add up; its dict form counts
+    # an attention and an mlp block per layer (twice the layers), with the attention kind then "mlp" in layer_types.
+    "dory": Rule(config={"num_hidden_layers": 6, "n_input_layers": 2, "n_recurrent_layers": 2, "n_output_layers": 2,
+                         "layer_types": ["sliding_attention", "mlp", "full_attention", "mlp", "sliding_attention",
+                                         "mlp"]}),
     # dots.3 sliding layers override head_dim to qk_nope + qk_rope (256 = 192 + 64), which the shrunk global
     # head_dim no longer is: 16 + 16.
     "dots3_note": Rule(config={"text_config": {"per_layer_config": {"01": {"head_dim": 32}}}}),
     "dots3_note_text": Rule(config={"per_layer_config": {"01": {"head_dim": 32}}}),
+    # Fun-ASR's adaptor bottleneck is a quarter of the LLM width.
+    "fun_asr_nano": Rule(config={"adaptor_config": {"intermediate_size": 16}}),
+    # The Gemma 4 assistant drafts without per-layer inputs, but its text config defaults to having them.
+    "gemma4_assistant": Rule(base={"text_config": {"hidden_size_per_layer_input": 0,
+                                                    "vocab_size_per_layer_input": 0}}),
+    # Granite 4 hybrid's default is all Mamba layers, and a cache of only Mamba layers cannot report its length.
+    "granitemoehybrid": Rule(config={"layer_types": ["linear_attention", "full_attention"]}),
     # LiLT's layout stream splits hidden_size into 6 box embeddings (hidden // 6 each): 96 divides by 6 and 4 heads.
     "lilt": Rule(config={"hidden_size": 96}),
+    # Molmo 2 concatenates features of two vision layers (24 and 18 of 27): the last two of the shrunk tower.
+    "molmo2": Rule(config={"adapter_config": {"vision_feature_layer": [-1, -2]}}),
     # Gemma 3 pools the vision tower's patch grid down to mm_tokens_per_image (a square): 4 patches per side
     # at 64 px, so 4 tokens (2 x 2), not the default 256.
     "gemma3": Rule(config={"mm_tokens_per_image": 4}),

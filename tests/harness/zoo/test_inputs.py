@@ -31,3 +31,9 @@ def test_layout_models_get_ordered_boxes():
     box = inputs["bbox"]
     assert box.shape == (*inputs["input_ids"].shape, 4)
     assert (box[..., 0] <= box[..., 2]).all() and (box[..., 1] <= box[..., 3]).all() and box.max() <= 1000
+
+
+def test_low_frame_rate_features_stack_mel_frames():
+    config = tiny_config("fun_asr_nano").audio_config
+    inputs = _inputs("fun_asr_nano", "FunAsrNanoModel")
+    assert inputs["input_features"].shape[-1] == config.num_mel_bins * config.num_stacked_frames
