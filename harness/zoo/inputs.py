@@ -303,7 +303,10 @@ def _feature_rows(model: torch.nn.Module, inputs: dict[str, Any], kind: str) -> 
     """Rows of image or audio features the model will scatter into placeholders, asked of
     `get_{kind}_features` (some models' mismatch message reports elements or batch rows, not feature rows)."""
     name = f"get_{kind}_features"
-    get = getattr(model, name, None) or getattr(getattr(model, "model", None), name, None)
+    # a head's (*args, **kwargs) wrapper names no inputs: ask the inner model's, which does
+    gets = [g for g in (getattr(model, name, None), getattr(getattr(model, "model", None), name, None)) if g]
+    named = [g for g in gets if any(p.kind == p.POSITIONAL_OR_KEYWORD for p in inspect.signature(g).parameters.values())]
+    get = (named or gets or [None])[0]
     if get is None:
         return None
     params = inspect.signature(get).parameters

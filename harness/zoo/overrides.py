@@ -32,6 +32,29 @@ def _still_images(inputs: dict[str, Any]) -> dict[str, Any]:
         return {**inputs, "pixel_values": pixels[:, 0]}
     return inputs
 
+def _without(inputs: dict[str, Any], key: str) -> dict[str, Any]:
+    return {k: v for k, v in inputs.items() if k != key}
+
+
+def _audio_features(width: int | None = None, frames: int = 64, mel_first: bool = False) -> Callable[
+        [Any, Any, dict[str, Any], int], dict[str, Any]]:
+    """`input_features` of `width` features per frame (default: num_mel_bins), frames first or mel bins first,
+    for encoders whose input width or layout the config does not name; a frame mask follows."""
+
+    def fix(model: Any, config: Any, inputs: dict[str, Any], seed: int) -> dict[str, Any]:
+        import torch
+
+        g = torch.Generator().manual_seed(seed)
+        w = width or getattr(getattr(config, "audio_config", None) or config, "num_mel_bins")
+        shape = (2, w, frames) if mel_first else (2, frames, w)
+        out = {**inputs, "input_features": torch.randn(*shape, generator=g)}
+        if "input_features_mask" in inputs:
+            out["input_features_mask"] = torch.ones(2, frames, dtype=torch.long)
+        return out
+
+    return fix
+
+
 _COMPASS_ROPE = {"full_attention": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [4, 2, 2]}}
 
 RULES: dict[str, Rule] = {
@@ -64,6 +87,18 @@ RULES: dict[str, Rule] = {
     # The Gemma 4 assistant drafts without per-layer inputs, but its text config defaults to having them.
     "gemma4_assistant": Rule(base={"text_config": {"hidden_size_per_layer_input": 0,
                                                     "vocab_size_per_layer_input": 0}}),
+    # Gemma 4's audio tower subsamples 128 mel bins (a feature-extractor setting, not in the config) by 4.
+    "gemma4_audio": Rule(inputs=_audio_features(128)),
+    # GLM-ASR's Whisper-style encoder takes (batch, mel bins, frames) without a fixed length.
+    "glmasr": Rule(inputs=_audio_features(mel_first=True)),
+    "glmasr_encoder": Rule(inputs=_audio_features(mel_first=True)),
+    # Granite Speech 5 delta-expands (x2) and pair-stacks (x2) its mel frames: 4 x num_mel_bins features.
+    "granite_speech5_ctc": Rule(inputs=_audio_features(320)),
+    "granite_speech5_encoder": Rule(inputs=_audio_features(320)),
+    # Granite Speech's input_features_mask selects projected audio embeddings (a boolean mask over the
+    # projector's output, not over frames); without it every embedding is used.
+    "granite_speech": Rule(inputs=lambda model, config, inputs, seed: _without(inputs, "input_features_mask")),
+    "granite_speech_plus": Rule(inputs=lambda model, config, inputs, seed: _without(inputs, "input_features_mask")),
     # Granite 4 hybrid's default is all Mamba layers, and a cache of only Mamba layers cannot report its length.
     "granitemoehybrid": Rule(config={"layer_types": ["linear_attention", "full_attention"]}),
     # LiLT's layout stream splits hidden_size into 6 box embeddings (hidden // 6 each): 96 divides by 6 and 4 heads.

@@ -432,6 +432,11 @@ def _fix_heads(d: dict[str, Any], old: dict[str, Any]) -> None:
                         x -= 1
                     out.append(x)
                 d[k] = out
+    for kv_key in [k for k in d if R_KV_HEADS.match(k) and k.startswith(("encoder_", "decoder_"))]:
+        # encoder/decoder pairs: multi-head attention (kv heads == heads) stays so (Moonshine assumes it)
+        heads_of = kv_key.replace("key_value_heads", "attention_heads")
+        if _is_int(d[kv_key]) and _is_int(d.get(heads_of)) and old.get(kv_key) == old.get(heads_of):
+            d[kv_key] = d[heads_of]
     _fix_mrope(d)
     if all(_is_int(d.get(k)) and _is_int(old.get(k)) for k in ("num_heads", "head_dim", "expand")) and hidden and \
             old["num_heads"] * old["head_dim"] == old["expand"] * old_hidden_of(old):

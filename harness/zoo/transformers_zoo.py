@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import torch
@@ -82,10 +83,10 @@ def finish(entry: ZooEntry, model: torch.nn.Module, config: Any, seed: int, n: i
     rule = overrides.rule_for(entry.model_type)
     try:
         inputs = build_inputs(model, config, entry.model_class, seed)
+        if rule.inputs is not None:  # before the placeholder probe, which needs inputs the model accepts
+            inputs = rule.inputs(model, config, inputs, seed)
         if any(placeholder_id(config, kind) is not None for kind in ("image", "video", "audio")):
             inputs = fit_placeholders(model, config, inputs)
-        if rule.inputs is not None:
-            inputs = rule.inputs(model, config, inputs, seed)
     except ZooBuildError:
         raise
     except Exception as exc:
@@ -93,26 +94,47 @@ def finish(entry: ZooEntry, model: torch.nn.Module, config: Any, seed: int, n: i
     return BuiltEntry(model=model, inputs=inputs, entry=entry, num_parameters=n)
 
 
-def config_for(cls: type, config: Any) -> Any:
-    """The (sub-)config `cls` is built from: the text or vision tower of a composite family (Llama4TextModel
-    under model_type llama4) takes the composite config's sub-config of its own config class."""
-    want = getattr(cls, "config_class", None)
-    if not isinstance(want, type) or isinstance(config, want):
+def config_for_class(cls: type, config: Any) -> Any:
+    """The config `cls` takes, from the tiny config of its model_type. Some classes listed under a model_type
+    take another config class: a sub-config of it (a decoder-only or text-only head of a composite model),
+    or a wrapper whose `text_config` is the model_type's config (a head on top of a whole model)."""
+    from transformers import PreTrainedConfig
+
+    wanted = getattr(cls, "config_class", None)
+    if wanted is None or isinstance(config, wanted):
         return config
-    todo = [config]
-    while todo:
+    seen, todo = set(), [config]
+    while todo:  # breadth first: the outermost matching sub-config
         c = todo.pop(0)
-        subs = [v for v in vars(c).values() if hasattr(v, "to_dict") and hasattr(v, "model_type")]
-        for sub in subs:
-            if isinstance(sub, want):
-                return sub
-        todo += subs
-    return config
+        if id(c) in seen:
+            continue
+        seen.add(id(c))
+        if isinstance(c, wanted):
+            return c
+        todo += [v for v in vars(c).values() if isinstance(v, PreTrainedConfig)]
+    fields = {f.name for f in dataclasses.fields(wanted)} if dataclasses.is_dataclass(wanted) else set()
+    if "text_config" not in fields:
+        return config
+    extra: dict[str, Any] = {}
+    hidden = getattr(text_config_of(config), "hidden_size", None)
+    if "hidden_size" in fields and hidden:
+        extra["hidden_size"] = hidden  # the head reads the wrapped model's hidden states
+    try:
+        return wanted(text_config=config.to_dict(), **extra)
+    except Exception as exc:
+        raise ZooBuildError(f"{type(exc).__name__}: {exc}", category="config_error", stage="config") from exc
+
+
+def text_config_of(config: Any) -> Any:
+    try:
+        return config.get_text_config()
+    except Exception:  # some composite configs' get_text_config is strict about their layout
+        return config
 
 
 def build(entry: ZooEntry, seed: int = 0) -> BuiltEntry:
     cls = model_class(entry.model_class)
-    config = config_for(cls, tiny_config(entry.model_type))
+    config = config_for_class(cls, tiny_config(entry.model_type))
     if entry.model_class.endswith("ForCTC") and getattr(config, "vocab_size", None) is None:
         config.vocab_size = 32  # CTC heads need an output alphabet; base configs leave it to the tokenizer
     model, n = instantiate(cls, config, seed)

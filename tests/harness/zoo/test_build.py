@@ -97,9 +97,9 @@ def test_overrides_apply(full):
 
 
 def test_tower_class_gets_its_own_sub_config():
-    from harness.zoo.transformers_zoo import config_for, model_class, tiny_config
+    from harness.zoo.transformers_zoo import config_for_class, model_class, tiny_config
 
     # Llama4TextModel is listed under model_type llama4 but is built from the text sub-config.
     config = tiny_config("llama4")
-    assert config_for(model_class("Llama4TextModel"), config) is config.text_config
-    assert config_for(model_class("Llama4ForConditionalGeneration"), config) is config
+    assert config_for_class(model_class("Llama4TextModel"), config) is config.text_config
+    assert config_for_class(model_class("Llama4ForConditionalGeneration"), config) is config

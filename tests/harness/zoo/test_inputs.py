@@ -37,3 +37,14 @@ def test_low_frame_rate_features_stack_mel_frames():
     config = tiny_config("fun_asr_nano").audio_config
     inputs = _inputs("fun_asr_nano", "FunAsrNanoModel")
     assert inputs["input_features"].shape[-1] == config.num_mel_bins * config.num_stacked_frames
+
+
+def test_audio_placeholder_rows_come_from_the_inner_model():
+    import torch
+
+    from harness.zoo.inputs import _feature_rows
+
+    model = model_class("GraniteSpeechForConditionalGeneration")._from_config(tiny_config("granite_speech")).eval()
+    inputs = {"input_features": torch.randn(2, 64, 160)}  # its wrapper's get_audio_features takes **kwargs only
+    rows = _feature_rows(model, inputs, "audio")
+    assert rows == _feature_rows(model.model, inputs, "audio") and rows > 2

@@ -108,3 +108,9 @@ def test_group_counts_and_quantizer_widths_follow_the_hidden_size():
 def test_layout_embeddings_still_fill_the_hidden_size():
     c = tiny_config("layoutlmv3")
     assert 4 * c.coordinate_size + 2 * c.shape_size == c.hidden_size
+
+
+def test_encoder_decoder_multi_head_attention_stays_so():
+    c = tiny_config("moonshine")  # its attention reshapes queries with the kv head count
+    assert c.encoder_num_key_value_heads == c.encoder_num_attention_heads
+    assert c.decoder_num_key_value_heads == c.decoder_num_attention_heads
