@@ -7,6 +7,7 @@ cannot derive."""
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -55,6 +56,88 @@ def _audio_features(width: int | None = None, frames: int = 64, mel_first: bool 
     return fix
 
 
+def _kosmos2_image_positions(model: Any, config: Any, inputs: dict[str, Any], seed: int) -> dict[str, Any]:
+    """Kosmos-2 writes its latent_query_num image embeddings where image_embeds_position_mask is 1: after the
+    first token, as its processor lays out <s> <image> [queries] </image> text."""
+    import torch
+
+    ids = inputs["input_ids"]
+    n = config.latent_query_num
+    ids = torch.cat([ids[:, :1], torch.zeros(ids.shape[0], n, dtype=ids.dtype), ids[:, 1:]], dim=1)
+    mask = torch.zeros_like(ids)
+    mask[:, 1:1 + n] = 1
+    out = {**inputs, "input_ids": ids, "image_embeds_position_mask": mask}
+    if "attention_mask" in inputs:
+        out["attention_mask"] = torch.ones_like(ids)
+    return out
+
+
+def _idefics_images(model: Any, config: Any, inputs: dict[str, Any], seed: int) -> dict[str, Any]:
+    """IDEFICS takes (batch, images, c, h, w) and which text tokens see which image: one image per row."""
+    import torch
+
+    ids = inputs["input_ids"]
+    return {**inputs, "pixel_values": inputs["pixel_values"].unsqueeze(1),
+            "image_attention_mask": torch.ones(ids.shape[0], ids.shape[1], 1, dtype=torch.long)}
+
+
+def _tiles(model: Any, config: Any, inputs: dict[str, Any], seed: int) -> dict[str, Any]:
+    """Granite Docling takes (batch, tiles, c, h, w) and which tiles are real: one real tile per row."""
+    import torch
+
+    pixels = inputs["pixel_values"].unsqueeze(1)
+    return {**inputs, "pixel_values": pixels, "pixel_attention_mask": torch.ones(pixels.shape[:2], dtype=torch.bool)}
+
+
+def _image_pairs(model: Any, config: Any, inputs: dict[str, Any], seed: int) -> dict[str, Any]:
+    """Keypoint matchers take a pair of images per row: (batch, 2, c, h, w), here an image and its flip."""
+    import torch
+
+    pixels = inputs["pixel_values"]
+    return {**inputs, "pixel_values": torch.stack([pixels, pixels.flip(-1)], dim=1)}
+
+
+def _mllama_tiles(model: Any, config: Any, inputs: dict[str, Any], seed: int) -> dict[str, Any]:
+    """Mllama's vision tower takes (batch, images, tiles, c, h, w) with each image's aspect-ratio id (1: one
+    tile, 1 x 1) and a mask of its real tiles: one single-tile image per row."""
+    import torch
+
+    pixels = inputs.get("pixel_values")
+    if pixels is None:  # the text model alone
+        return inputs
+    b = pixels.shape[0]
+    tiles = getattr(getattr(config, "vision_config", None) or config, "max_num_tiles")
+    full = torch.zeros(b, 1, tiles, *pixels.shape[1:])
+    full[:, 0, 0] = pixels
+    mask = torch.zeros(b, 1, tiles, dtype=torch.long)
+    mask[:, 0, 0] = 1
+    out = {**inputs, "pixel_values": full, "aspect_ratio_ids": torch.ones(b, 1, dtype=torch.long),
+           "aspect_ratio_mask": mask}
+    if "input_ids" in inputs:  # every text token may attend to the image's one real tile
+        out["cross_attention_mask"] = mask[:, None].expand(b, inputs["input_ids"].shape[1], 1, tiles).clone()
+    return out
+
+
+def _blip_question_answers(model: Any, config: Any, inputs: dict[str, Any], seed: int) -> dict[str, Any]:
+    """BLIP's VQA head decodes an answer: inference passes the answer decoder's input ids."""
+    import torch
+
+    if "decoder_input_ids" in inputs or "decoder_input_ids" not in inspect.signature(model.forward).parameters:
+        return inputs
+    g = torch.Generator().manual_seed(seed)
+    vocab = config.text_config.vocab_size
+    return {**inputs, "decoder_input_ids": torch.randint(4, vocab, (inputs["input_ids"].shape[0], 8), generator=g)}
+
+
+def _qformer_queries(model: Any, config: Any, inputs: dict[str, Any], seed: int) -> dict[str, Any]:
+    """A Q-Former on its own: learned query embeddings cross-attending to (here random) image features."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    return {**inputs, "query_embeds": torch.randn(2, 8, config.hidden_size, generator=g),
+            "encoder_hidden_states": torch.randn(2, 16, config.encoder_hidden_size, generator=g)}
+
+
 _COMPASS_ROPE = {"full_attention": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [4, 2, 2]}}
 
 RULES: dict[str, Rule] = {
@@ -65,6 +148,8 @@ RULES: dict[str, Rule] = {
     "apertus1p5": Rule(config={"vision_config": {"codebook_size": 256}, "audio_config": {"codebook_size": 256},
                                "image_token_offset": 512, "audio_token_offset": 768, "image_token_id": 500,
                                "audio_token_id": 501}),
+    "blip": Rule(inputs=_blip_question_answers),
+    "blip_2_qformer": Rule(inputs=_qformer_queries),
     # BiT normalises with GroupNorm(32) everywhere, down to the bottleneck's width / 4: keep stages >= 128 wide.
     "bit": Rule(config={"hidden_sizes": [128, 256, 512, 1024], "embedding_size": 64}),
     # BROS adds projected box embeddings to each attention head: the projection width is the head dim (64 / 4).
@@ -99,10 +184,19 @@ RULES: dict[str, Rule] = {
     # projector's output, not over frames); without it every embedding is used.
     "granite_speech": Rule(inputs=lambda model, config, inputs, seed: _without(inputs, "input_features_mask")),
     "granite_speech_plus": Rule(inputs=lambda model, config, inputs, seed: _without(inputs, "input_features_mask")),
+    "granite_docling": Rule(inputs=_tiles),
     # Granite 4 hybrid's default is all Mamba layers, and a cache of only Mamba layers cannot report its length.
     "granitemoehybrid": Rule(config={"layer_types": ["linear_attention", "full_attention"]}),
+    # IDEFICS cross-attends to a list of images per row, and Kosmos-2 to image embeddings at marked positions.
+    "idefics": Rule(inputs=_idefics_images),
+    "kosmos-2": Rule(inputs=_kosmos2_image_positions),
+    "lightglue": Rule(inputs=_image_pairs),
     # LiLT's layout stream splits hidden_size into 6 box embeddings (hidden // 6 each): 96 divides by 6 and 4 heads.
     "lilt": Rule(config={"hidden_size": 96}),
+    # Mllama concatenates the vision output with intermediate layers' (indices up to 30) into vision_output_dim,
+    # and its text model cross-attends at fixed layer indices (3, 8, ...): one of each in the 2-layer towers.
+    "mllama": Rule(config={"vision_config": {"intermediate_layers_indices": [1], "vision_output_dim": 128},
+                           "text_config": {"cross_attention_layers": [1]}}, inputs=_mllama_tiles),
     # Molmo 2 concatenates features of two vision layers (24 and 18 of 27): the last two of the shrunk tower.
     "molmo2": Rule(config={"adapter_config": {"vision_feature_layer": [-1, -2]}}),
     # Gemma 3 pools the vision tower's patch grid down to mm_tokens_per_image (a square): 4 patches per side
