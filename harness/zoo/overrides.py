@@ -118,6 +118,16 @@ def _mllama_tiles(model: Any, config: Any, inputs: dict[str, Any], seed: int) ->
     return out
 
 
+def _high_res_images(model: Any, config: Any, inputs: dict[str, Any], seed: int) -> dict[str, Any]:
+    """DeepSeek-VL hybrid sees each image twice: at the low-res tower's size and at the SAM tower's."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    size = config.high_res_vision_config.image_size
+    b, c = inputs["pixel_values"].shape[:2]
+    return {**inputs, "high_res_pixel_values": torch.randn(b, c, size, size, generator=g)}
+
+
 def _blip_question_answers(model: Any, config: Any, inputs: dict[str, Any], seed: int) -> dict[str, Any]:
     """BLIP's VQA head decodes an answer: inference passes the answer decoder's input ids."""
     import torch
@@ -158,11 +168,29 @@ RULES: dict[str, Rule] = {
     # for full attention, its (t, h, w) sections summing to half the shrunk head dim.
     "cohere_compass": Rule(config={"text_config": {"rope_parameters": _COMPASS_ROPE}}),
     "cohere_compass_text": Rule(config={"rope_parameters": _COMPASS_ROPE}),
+    # CvT indexes each stage's drop-path schedule (depth[i] long) by the stage number: depth[i] > i.
+    "cvt": Rule(config={"depth": [1, 2, 3]}),
+    # DBRX attention reads rope_theta from attn_config, where checkpoints (not the default config) put it, and
+    # clamps q/k/v with clip_qkv, which must be set (8 in the released checkpoints).
+    "dbrx": Rule(config={"attn_config": {"rope_theta": 10000.0, "clip_qkv": 8.0}}),
+    # DeepSeek-OCR 2's text config leaves its per-layer dense/MoE choice to checkpoints: one of each.
+    # Its SAM encoder downsamples to the vision encoder's width (896 -> the shrunk 64).
+    "deepseek_ocr2": Rule(config={"text_config": {"mlp_layer_types": ["dense", "sparse"]},
+                                  "vision_config": {"sam_config": {"downsample_channels": [64, 64]}}}),
+    # DeepSeek-VL hybrid's high-resolution SAM tower widens its 256-channel neck x2 and x4 (to 1024), and its
+    # output also takes the hidden state of the first global-attention layer (2 of 12): layer 1 of 2.
+    "deepseek_vl_hybrid": Rule(config={"high_res_vision_config": {"output_channels": 64, "global_attn_indexes": [1]}},
+                               inputs=_high_res_images),
+    # Diffusion Gemma's text config leaves its MoE sizes to checkpoints.
+    "diffusion_gemma": Rule(config={"text_config": {"num_experts": 4, "top_k_experts": 2,
+                                                     "moe_intermediate_size": 64}}),
     # Dory splits its layers into input, recurrent and output blocks whose sizes must add up; its dict form counts
     # an attention and an mlp block per layer (twice the layers), with the attention kind then "mlp" in layer_types.
     "dory": Rule(config={"num_hidden_layers": 6, "n_input_layers": 2, "n_recurrent_layers": 2, "n_output_layers": 2,
                          "layer_types": ["sliding_attention", "mlp", "full_attention", "mlp", "sliding_attention",
                                          "mlp"]}),
+    # dots.llm1's config leaves its MoE sizes to checkpoints.
+    "dots1": Rule(config={"n_routed_experts": 4, "n_shared_experts": 1, "num_experts_per_tok": 2}),
     # dots.3 sliding layers override head_dim to qk_nope + qk_rope (256 = 192 + 64), which the shrunk global
     # head_dim no longer is: 16 + 16.
     "dots3_note": Rule(config={"text_config": {"per_layer_config": {"01": {"head_dim": 32}}}}),
@@ -187,10 +215,14 @@ RULES: dict[str, Rule] = {
     "granite_docling": Rule(inputs=_tiles),
     # Granite 4 hybrid's default is all Mamba layers, and a cache of only Mamba layers cannot report its length.
     "granitemoehybrid": Rule(config={"layer_types": ["linear_attention", "full_attention"]}),
+    # Hiera's MAE pretraining decoder has no default size.
+    "hiera": Rule(config={"decoder_hidden_size": 32, "decoder_depth": 1, "decoder_num_heads": 1}),
     # IDEFICS cross-attends to a list of images per row, and Kosmos-2 to image embeddings at marked positions.
     "idefics": Rule(inputs=_idefics_images),
     "kosmos-2": Rule(inputs=_kosmos2_image_positions),
     "lightglue": Rule(inputs=_image_pairs),
+    # LFM2-MoE leaves its conv/attention layer pattern to checkpoints: one of each.
+    "lfm2_moe": Rule(config={"layer_types": ["conv", "full_attention"]}),
     # LiLT's layout stream splits hidden_size into 6 box embeddings (hidden // 6 each): 96 divides by 6 and 4 heads.
     "lilt": Rule(config={"hidden_size": 96}),
     # Mllama concatenates the vision output with intermediate layers' (indices up to 30) into vision_output_dim,
