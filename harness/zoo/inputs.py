@@ -22,7 +22,8 @@ def _is_int(v: Any) -> bool:
 
 
 def find(config: Any, key: str, subs: tuple[str, ...] = ("vision_config", "text_config", "audio_config",
-                                                         "encoder", "backbone_config", "encoder_config")) -> Any:
+                                                         "encoder", "backbone_config", "encoder_config",
+                                                         "model_config")) -> Any:
     """`config.key`, else the first sub-config that has it (None if nowhere)."""
     v = getattr(config, key, None)
     if v is not None:

@@ -128,6 +128,25 @@ def _high_res_images(model: Any, config: Any, inputs: dict[str, Any], seed: int)
     return {**inputs, "high_res_pixel_values": torch.randn(b, c, size, size, generator=g)}
 
 
+def _image_sizes(model: Any, config: Any, inputs: dict[str, Any], seed: int) -> dict[str, Any]:
+    """Each image's (height, width), for models that cut padded images back to their size."""
+    import torch
+
+    pixels = inputs["pixel_values"]
+    return {**inputs, "image_sizes": torch.tensor([list(pixels.shape[-2:])] * pixels.shape[0])}
+
+
+def _apertus_inputs(model: Any, config: Any, inputs: dict[str, Any], seed: int) -> dict[str, Any]:
+    """Apertus 1.5 tokenizes images cut back to their sizes and audio up to each clip's length (its padding mask)."""
+    import torch
+
+    out = _image_sizes(model, config, inputs, seed)
+    if "input_values" in inputs:
+        values = inputs["input_values"]
+        out["padding_mask"] = torch.ones(values.shape[0], values.shape[-1], dtype=torch.long)
+    return out
+
+
 def _blip_question_answers(model: Any, config: Any, inputs: dict[str, Any], seed: int) -> dict[str, Any]:
     """BLIP's VQA head decodes an answer: inference passes the answer decoder's input ids."""
     import torch
@@ -157,7 +176,7 @@ RULES: dict[str, Rule] = {
     # both ranges fit the 1024 tokens, with the placeholders in the text range as in the real layout.
     "apertus1p5": Rule(config={"vision_config": {"codebook_size": 256}, "audio_config": {"codebook_size": 256},
                                "image_token_offset": 512, "audio_token_offset": 768, "image_token_id": 500,
-                               "audio_token_id": 501}),
+                               "audio_token_id": 501}, inputs=_apertus_inputs),
     "blip": Rule(inputs=_blip_question_answers),
     "blip_2_qformer": Rule(inputs=_qformer_queries),
     # BiT normalises with GroupNorm(32) everywhere, down to the bottleneck's width / 4: keep stages >= 128 wide.
@@ -221,6 +240,9 @@ RULES: dict[str, Rule] = {
     "idefics": Rule(inputs=_idefics_images),
     "kosmos-2": Rule(inputs=_kosmos2_image_positions),
     "lightglue": Rule(inputs=_image_pairs),
+    # Llama 4's vision adapter pixel-shuffles the tower's output (hidden / 0.5^2 = 4 x 64 channels) into an MLP whose
+    # input width is the tower's intermediate_size.
+    "llama4": Rule(config={"vision_config": {"intermediate_size": 256}}),
     # LFM2-MoE leaves its conv/attention layer pattern to checkpoints: one of each.
     "lfm2_moe": Rule(config={"layer_types": ["conv", "full_attention"]}),
     # LiLT's layout stream splits hidden_size into 6 box embeddings (hidden // 6 each): 96 divides by 6 and 4 heads.

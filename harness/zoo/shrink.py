@@ -57,15 +57,16 @@ R_HIDDEN = _rx(r"hidden_size", r"d_model", r"n_embd", r"embed_dim", r"dim", r"hi
                r"mm_hidden_size", r"adapter_hidden_size", r"d_latents", r".*_hidden_dim", r".*_embedding_dim",
                r"codebook_dim", r".*_projection_dim", r"hidden_size_.*", r"projection_size", r"lru_width",
                r"upsample_initial_channel", r"xvector_output_dim", r"speech_decoder_postnet_units", r"proj_dim", r"d_state_hidden", r"latent_dim",
-               r"condition_dim", r".*_hidden_dimension", r"adapter_(in|out)_dim",
+               r"condition_dim", r".*_hidden_dimension", r"adapter_(in|out)_dim", r"projector_(input|output)_dim", r"vision_output_dim",
+               r".*_predictor_channels", r"latent_channels",
                r"adapter_input_size")
 R_INTERMEDIATE = _rx(r"intermediate_size", r"ffn_dim", r".*_ffn_dim", r"n_inner", r"d_ff", r"ffn_hidden_size",
                      r"mlp_dim", r"moe_intermediate_size", r"shared_expert_intermediate_size", r"d_inner",
                      r"feed_forward_size", r".*_intermediate_size", r"intermediate_dim", r"mlp_hidden_size",
                      r".*_ffn_hidden_size", r"encoder_ffn_dim", r"decoder_ffn_dim", r"dim_feedforward",
-                     r".*_feedforward_dim", r"intermediate_size_.*", r"mlp_ratio_dim")
+                     r".*_feedforward_dim", r"intermediate_size_.*", r"mlp_ratio_dim", r"(.*_)?linear_units")
 R_EXPERTS = _rx(r"num_experts", r"num_local_experts", r"n_routed_experts", r"moe_num_experts", r"num_experts_per_layer",
-                r"n_experts", r"num_routed_experts")
+                r"n_experts", r"num_routed_experts", r"zero_expert_num")
 R_TOP_K = _rx(r"num_experts_per_tok", r"moe_topk", r"top_k", r"num_selected_experts", r"moe_k", r"n_group",
               r"topk_group", r"num_experts_per_token")
 R_VOCAB = _rx(r"vocab_size", r".*_vocab_size", r"vocab_size_.*", r".*_vocab", r"num_(bpe|wordpiece|character)_labels", r"codebook_size", r"num_codes", r"n_codes", r"num_embeddings")
@@ -76,7 +77,8 @@ R_IMAGE = _rx(r"image_size", r"img_size", r"input_size", r"image_resolution")
 R_STAGE_WIDTHS = _rx(r"hidden_sizes", r"embed_dims", r"dims", r"embedding_sizes", r"channels", r"hidden_dims",
                      r"neck_hidden_sizes", r"encoder_hidden_sizes", r"conv_dim", r"block_out_channels",
                      r"stage_channels", r"widths", r"out_channels_list", r"decoder_hidden_sizes",
-                     r"encoder_hidden_dims", r"tdnn_dim", r"embed_dim", r"embed_dim_per_stage")
+                     r"encoder_hidden_dims", r"tdnn_dim", r"embed_dim", r"embed_dim_per_stage",
+                     r"post_process_channels")
 R_STAGE_DEPTHS = _rx(r"depths", r"num_layers_per_stage", r"layers", r"block_layers", r"stage_depths",
                      r"num_blocks_per_stage", r"block_repeats", r"encoder_layers_per_stage", r"stage_num_blocks",
                      r"depth", r"blocks_per_stage")
@@ -123,6 +125,8 @@ def _shrink_int(key: str, v: int, d: dict[str, Any], size: Size) -> int:
         patch = d.get("patch_size") if _is_int(d.get("patch_size")) and d["patch_size"] > 0 else 16
         # a whole number of patches (at least 2 per side), close to size.image
         return min(v, patch * max(2, size.image // patch))
+    if key == "base_channels":
+        return min(v, 32)  # VQ-GAN encoders multiply it per resolution level (up to x4 or x8)
     if key in ("num_filters", "codebook_dim_base"):
         return min(v, 8)  # audio codecs double this base width at every downsampling stage
     if key in ("max_img_size",):

@@ -48,3 +48,10 @@ def test_audio_placeholder_rows_come_from_the_inner_model():
     inputs = {"input_features": torch.randn(2, 64, 160)}  # its wrapper's get_audio_features takes **kwargs only
     rows = _feature_rows(model, inputs, "audio")
     assert rows == _feature_rows(model.model, inputs, "audio") and rows > 2
+
+
+def test_vocabulary_of_a_wrapped_model_config():
+    from harness.zoo.inputs import vocab_size
+
+    config = tiny_config("fastspeech2_conformer_with_hifigan")  # the text model's config is `model_config`
+    assert vocab_size(config) == config.model_config.vocab_size

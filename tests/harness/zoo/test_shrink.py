@@ -114,3 +114,12 @@ def test_encoder_decoder_multi_head_attention_stays_so():
     c = tiny_config("moonshine")  # its attention reshapes queries with the kv head count
     assert c.encoder_num_key_value_heads == c.encoder_num_attention_heads
     assert c.decoder_num_key_value_heads == c.decoder_num_attention_heads
+
+
+def test_more_width_keys_shrink():
+    d = {"base_channels": 128, "latent_channels": 256, "pitch_predictor_channels": 256, "encoder_linear_units": 1536,
+         "zero_expert_num": 256, "projector_input_dim": 4096, "post_process_channels": [128, 256, 512, 1024]}
+    out = shrink_dict(d, Size())
+    assert out["base_channels"] <= 32 and out["latent_channels"] <= 64 and out["pitch_predictor_channels"] <= 64
+    assert out["encoder_linear_units"] <= 128 and out["zero_expert_num"] <= 4 and out["projector_input_dim"] <= 64
+    assert out["post_process_channels"] == [16, 32, 64, 128]
