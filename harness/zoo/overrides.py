@@ -172,6 +172,9 @@ _COMPASS_ROPE = {"full_attention": {"rope_type": "default", "rope_theta": 10000.
 RULES: dict[str, Rule] = {
     # X-MOD routes every batch through a language adapter and refuses input without a language.
     "xmod": Rule(config={"default_language": "en_XX"}),
+    # ALIGN compares text embeddings with the EfficientNet tower's last block output (320 channels x the 0.25
+    # width coefficient), not with a projection of it.
+    "align": Rule(config={"projection_dim": 80}),
     # Apertus 1.5 lays out one vocabulary as text, then image codes, then audio codes: shrink the codebooks so
     # both ranges fit the 1024 tokens, with the placeholders in the text range as in the real layout.
     "apertus1p5": Rule(config={"vision_config": {"codebook_size": 256}, "audio_config": {"codebook_size": 256},

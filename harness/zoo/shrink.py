@@ -67,7 +67,7 @@ R_INTERMEDIATE = _rx(r"intermediate_size", r"ffn_dim", r".*_ffn_dim", r"n_inner"
                      r".*_feedforward_dim", r"intermediate_size_.*", r"mlp_ratio_dim", r"(.*_)?linear_units")
 R_EXPERTS = _rx(r"num_experts", r"num_local_experts", r"n_routed_experts", r"moe_num_experts", r"num_experts_per_layer",
                 r"n_experts", r"num_routed_experts", r"zero_expert_num")
-R_TOP_K = _rx(r"num_experts_per_tok", r"moe_topk", r"top_k", r"num_selected_experts", r"moe_k", r"n_group",
+R_TOP_K = _rx(r"num_experts_per_tok", r"moe_topk", r"top_k", r"num_selected_experts", r"moe_k", r"n_group", r"num_expert_group",
               r"topk_group", r"num_experts_per_token")
 R_VOCAB = _rx(r"vocab_size", r".*_vocab_size", r"vocab_size_.*", r".*_vocab", r"num_(bpe|wordpiece|character)_labels", r"codebook_size", r"num_codes", r"n_codes", r"num_embeddings")
 R_TOKEN_ID = re.compile(r".*(_token_id|_token_index|_token_ids|_token)$")
