@@ -39,14 +39,14 @@ def _without(inputs: dict[str, Any], key: str) -> dict[str, Any]:
 
 def _audio_features(width: int | None = None, frames: int = 64, mel_first: bool = False) -> Callable[
         [Any, Any, dict[str, Any], int], dict[str, Any]]:
-    """`input_features` of `width` features per frame (default: num_mel_bins), frames first or mel bins first,
+    """`input_features` of `width` features per frame (default: the generic builder's), frames or features first,
     for encoders whose input width or layout the config does not name; a frame mask follows."""
 
     def fix(model: Any, config: Any, inputs: dict[str, Any], seed: int) -> dict[str, Any]:
         import torch
 
         g = torch.Generator().manual_seed(seed)
-        w = width or getattr(getattr(config, "audio_config", None) or config, "num_mel_bins")
+        w = width or inputs["input_features"].shape[-1]
         shape = (2, w, frames) if mel_first else (2, frames, w)
         out = {**inputs, "input_features": torch.randn(*shape, generator=g)}
         if "input_features_mask" in inputs:
@@ -167,6 +167,36 @@ def _qformer_queries(model: Any, config: Any, inputs: dict[str, Any], seed: int)
             "encoder_hidden_states": torch.randn(2, 16, config.encoder_hidden_size, generator=g)}
 
 
+def _longformer_separators(model: Any, config: Any, inputs: dict[str, Any], seed: int) -> dict[str, Any]:
+    """Longformer's QA heads put global attention on the question, found as the tokens before the first of three
+    separators: <s> question </s></s> context </s>."""
+    ids = inputs["input_ids"].clone()
+    sep = config.sep_token_id
+    ids[ids == sep] = sep + 1
+    ids[..., 4] = ids[..., 5] = ids[..., -1] = sep
+    return {**inputs, "input_ids": ids}
+
+
+def _patch_images(model: Any, config: Any, inputs: dict[str, Any], seed: int) -> dict[str, Any]:
+    """Flattened patches (n, c * p * p) as (n, c, p, p) patch images, for towers that embed them with a conv."""
+    vision = getattr(config, "vision_config", None) or config
+    patch = vision.patch_size
+    pixels = inputs["pixel_values"]
+    return {**inputs, "pixel_values": pixels.reshape(pixels.shape[0], -1, patch, patch)}
+
+
+def _trajectories(model: Any, config: Any, inputs: dict[str, Any], seed: int) -> dict[str, Any]:
+    """A Decision Transformer reads (return-to-go, state, action) triples with their timesteps."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    b, t = 2, 8
+    return {**inputs, "states": torch.randn(b, t, config.state_dim, generator=g),
+            "actions": torch.randn(b, t, config.act_dim, generator=g), "rewards": torch.randn(b, t, 1, generator=g),
+            "returns_to_go": torch.randn(b, t, 1, generator=g), "timesteps": torch.arange(t).repeat(b, 1),
+            "attention_mask": torch.ones(b, t, dtype=torch.long)}
+
+
 _COMPASS_ROPE = {"full_attention": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [4, 2, 2]}}
 
 RULES: dict[str, Rule] = {
@@ -195,6 +225,7 @@ RULES: dict[str, Rule] = {
     # DBRX attention reads rope_theta from attn_config, where checkpoints (not the default config) put it, and
     # clamps q/k/v with clip_qkv, which must be set (8 in the released checkpoints).
     "dbrx": Rule(config={"attn_config": {"rope_theta": 10000.0, "clip_qkv": 8.0}}),
+    "decision_transformer": Rule(inputs=_trajectories),
     # DeepSeek-OCR 2's text config leaves its per-layer dense/MoE choice to checkpoints: one of each.
     # Its SAM encoder downsamples to the vision encoder's width (896 -> the shrunk 64).
     "deepseek_ocr2": Rule(config={"text_config": {"mlp_layer_types": ["dense", "sparse"]},
@@ -222,6 +253,11 @@ RULES: dict[str, Rule] = {
     # The Gemma 4 assistant drafts without per-layer inputs, but its text config defaults to having them.
     "gemma4_assistant": Rule(base={"text_config": {"hidden_size_per_layer_input": 0,
                                                     "vocab_size_per_layer_input": 0}}),
+    # Gemma 3n's last num_kv_shared_layers reuse the KV of earlier layers of the same type: 2 of 4 layers, so that
+    # both types (sliding, full) still produce a cache.
+    "gemma3n_text": Rule(config={"num_hidden_layers": 4, "num_kv_shared_layers": 2, "intermediate_size": 128,
+                                 "layer_types": ["sliding_attention", "full_attention"] * 2,
+                                 "activation_sparsity_pattern": [0.95, 0.0, 0.0, 0.0]}),
     # Gemma 4's audio tower subsamples 128 mel bins (a feature-extractor setting, not in the config) by 4.
     "gemma4_audio": Rule(inputs=_audio_features(128)),
     # GLM-ASR's Whisper-style encoder takes (batch, mel bins, frames) without a fixed length.
@@ -243,6 +279,9 @@ RULES: dict[str, Rule] = {
     "idefics": Rule(inputs=_idefics_images),
     "kosmos-2": Rule(inputs=_kosmos2_image_positions),
     "lightglue": Rule(inputs=_image_pairs),
+    # Kimi K2.5's vision tower embeds (n, c, p, p) patch images with a conv.
+    "kimi_k25": Rule(inputs=_patch_images),
+    "kimi_k25_vision": Rule(inputs=_patch_images),
     # Llama 4's vision adapter pixel-shuffles the tower's output (hidden / 0.5^2 = 4 x 64 channels) into an MLP whose
     # input width is the tower's intermediate_size.
     "llama4": Rule(config={"vision_config": {"intermediate_size": 256}}),
@@ -254,6 +293,7 @@ RULES: dict[str, Rule] = {
     # and its text model cross-attends at fixed layer indices (3, 8, ...): one of each in the 2-layer towers.
     "mllama": Rule(config={"vision_config": {"intermediate_layers_indices": [1], "vision_output_dim": 128},
                            "text_config": {"cross_attention_layers": [1]}}, inputs=_mllama_tiles),
+    "longformer": Rule(inputs=_longformer_separators),
     # Molmo 2 concatenates features of two vision layers (24 and 18 of 27): the last two of the shrunk tower.
     "molmo2": Rule(config={"adapter_config": {"vision_feature_layer": [-1, -2]}}),
     # Gemma 3 pools the vision tower's patch grid down to mm_tokens_per_image (a square): 4 patches per side
