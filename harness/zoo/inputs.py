@@ -223,12 +223,24 @@ def build_inputs(model: torch.nn.Module, config: Any, model_class: str, seed: in
         out["latents"] = torch.randn(BATCH, int(find(config, "hidden_size") or 64), 8, generator=g)
     if "past_values" in params:
         out.update(time_series_inputs(config, params, g))
+    # a composite built without a tower (Gemma 4's default config has neither vision nor audio) is text-only
+    if _built_without(model, "vision_tower", "embed_vision"):
+        out = {k: v for k, v in out.items() if not k.startswith(("pixel_values", "image_"))}
+    if _built_without(model, "audio_tower", "embed_audio"):
+        out.pop("input_features", None)
     for mask in ("feature_attention_mask", "input_features_mask"):
         if mask in params and "input_features" in out:
             feats = out["input_features"]
             out[mask] = torch.ones(feats.shape[0], feats.shape[-1] if feats.shape[1] == find(config, "num_mel_bins")
                                    else feats.shape[1], dtype=torch.long)
     return out
+
+
+def _built_without(model: torch.nn.Module, *towers: str) -> bool:
+    """Whether `model` (or its inner `model`) has one of the attributes `towers` set to None: that modality is
+    absent."""
+    return any(t in vars(m) and getattr(m, t) is None for m in (model, getattr(model, "model", None))
+               if isinstance(m, torch.nn.Module) for t in towers)
 
 
 def _vision_tower_takes(model: torch.nn.Module, param: str) -> bool:

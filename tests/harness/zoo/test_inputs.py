@@ -55,3 +55,8 @@ def test_vocabulary_of_a_wrapped_model_config():
 
     config = tiny_config("fastspeech2_conformer_with_hifigan")  # the text model's config is `model_config`
     assert vocab_size(config) == config.model_config.vocab_size
+
+
+def test_no_inputs_for_a_tower_the_model_was_built_without():
+    inputs = _inputs("gemma4", "Gemma4Model")  # the default config has neither vision nor audio
+    assert "input_ids" in inputs and "pixel_values" not in inputs and "input_features" not in inputs
