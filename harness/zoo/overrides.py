@@ -212,6 +212,9 @@ RULES: dict[str, Rule] = {
                                "audio_token_id": 501}, inputs=_apertus_inputs),
     "blip": Rule(inputs=_blip_question_answers),
     "blip_2_qformer": Rule(inputs=_qformer_queries),
+    # Aria's projector maps a known number of image patches to a number of queries (1225 or 4900 patches at its
+    # real sizes): the 2 x 2 patches of the shrunk tower to 4 queries.
+    "aria": Rule(config={"projector_patch_to_query_dict": {4: 4}}),
     # BiT normalises with GroupNorm(32) everywhere, down to the bottleneck's width / 4: keep stages >= 128 wide.
     "bit": Rule(config={"hidden_sizes": [128, 256, 512, 1024], "embedding_size": 64}),
     # BROS adds projected box embeddings to each attention head: the projection width is the head dim (64 / 4).
@@ -248,6 +251,8 @@ RULES: dict[str, Rule] = {
     # head_dim no longer is: 16 + 16.
     "dots3_note": Rule(config={"text_config": {"per_layer_config": {"01": {"head_dim": 32}}}}),
     "dots3_note_text": Rule(config={"per_layer_config": {"01": {"head_dim": 32}}}),
+    # Florence-2 projects image features to the language model's width (1024 = d_model in both defaults).
+    "florence2": Rule(config={"vision_config": {"projection_dim": 64}}),
     # Fun-ASR's adaptor bottleneck is a quarter of the LLM width.
     "fun_asr_nano": Rule(config={"adaptor_config": {"intermediate_size": 16}}),
     # The Gemma 4 assistant drafts without per-layer inputs, but its text config defaults to having them.
@@ -285,6 +290,10 @@ RULES: dict[str, Rule] = {
     # Llama 4's vision adapter pixel-shuffles the tower's output (hidden / 0.5^2 = 4 x 64 channels) into an MLP whose
     # input width is the tower's intermediate_size.
     "llama4": Rule(config={"vision_config": {"intermediate_size": 256}}),
+    # LW-DETR's default config has no multi-scale projector (checkpoints define it): one level from the ViT
+    # backbone's 4 outputs.
+    "lw_detr": Rule(config={"projector_scale_factors": [1.0], "projector_in_channels": [64, 64, 64, 64],
+                            "projector_out_channels": 64, "num_feature_levels": 1}),
     # LFM2-MoE leaves its conv/attention layer pattern to checkpoints: one of each.
     "lfm2_moe": Rule(config={"layer_types": ["conv", "full_attention"]}),
     # LiLT's layout stream splits hidden_size into 6 box embeddings (hidden // 6 each): 96 divides by 6 and 4 heads.
