@@ -197,6 +197,7 @@ def _trajectories(model: Any, config: Any, inputs: dict[str, Any], seed: int) ->
             "attention_mask": torch.ones(b, t, dtype=torch.long)}
 
 
+_FOUR_STAGES = ["stage1", "stage2", "stage3", "stage4"]
 _COMPASS_ROPE = {"full_attention": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [4, 2, 2]}}
 
 RULES: dict[str, Rule] = {
@@ -215,6 +216,9 @@ RULES: dict[str, Rule] = {
     # Aria's projector maps a known number of image patches to a number of queries (1225 or 4900 patches at its
     # real sizes): the 2 x 2 patches of the shrunk tower to 4 queries.
     "aria": Rule(config={"projector_patch_to_query_dict": {4: 4}}),
+    # BEiT-style segmentation reads exactly 4 encoder layers (out_indices, [3, 5, 7, 11] of 12): 4 layers, all read.
+    "beit": Rule(config={"num_hidden_layers": 4, "out_indices": [1, 2, 3, 4], "out_features": _FOUR_STAGES,
+                         "stage_names": ["stem"] + _FOUR_STAGES}),
     # BiT normalises with GroupNorm(32) everywhere, down to the bottleneck's width / 4: keep stages >= 128 wide.
     "bit": Rule(config={"hidden_sizes": [128, 256, 512, 1024], "embedding_size": 64}),
     # BROS adds projected box embeddings to each attention head: the projection width is the head dim (64 / 4).
@@ -229,6 +233,7 @@ RULES: dict[str, Rule] = {
     # clamps q/k/v with clip_qkv, which must be set (8 in the released checkpoints).
     "dbrx": Rule(config={"attn_config": {"rope_theta": 10000.0, "clip_qkv": 8.0}}),
     "decision_transformer": Rule(inputs=_trajectories),
+    "data2vec-vision": Rule(config={"num_hidden_layers": 4, "out_indices": [1, 2, 3, 4]}),
     # DeepSeek-OCR 2's text config leaves its per-layer dense/MoE choice to checkpoints: one of each.
     # Its SAM encoder downsamples to the vision encoder's width (896 -> the shrunk 64).
     "deepseek_ocr2": Rule(config={"text_config": {"mlp_layer_types": ["dense", "sparse"]},
