@@ -197,6 +197,31 @@ def _trajectories(model: Any, config: Any, inputs: dict[str, Any], seed: int) ->
             "attention_mask": torch.ones(b, t, dtype=torch.long)}
 
 
+def _gemma4_patches(model: Any, config: Any, inputs: dict[str, Any], seed: int) -> dict[str, Any]:
+    """Gemma 4's vision tower takes flattened patches with their (x, y) grid positions; a side of 2 pooling
+    kernels gives whole pooling windows."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    side, patch = 2 * config.pooling_kernel_size, config.patch_size
+    ys, xs = torch.meshgrid(torch.arange(side), torch.arange(side), indexing="ij")
+    positions = torch.stack([xs.flatten(), ys.flatten()], dim=-1)
+    return {**inputs, "pixel_values": torch.randn(2, side * side, 3 * patch * patch, generator=g),
+            "pixel_position_ids": positions.repeat(2, 1, 1)}
+
+
+def _packed_patches(model: Any, config: Any, inputs: dict[str, Any], seed: int) -> dict[str, Any]:
+    """MiniCPM's vision towers take the patches of all images packed into one (1, c, p, patches * p) strip,
+    each image's patch grid given by target_sizes."""
+    import torch
+
+    pixels = inputs["pixel_values"]
+    b, c, h, w = pixels.shape
+    p = config.patch_size
+    strip = pixels.view(b, c, h // p, p, w // p, p).permute(1, 3, 0, 2, 4, 5).reshape(1, c, p, -1)
+    return {**inputs, "pixel_values": strip, "target_sizes": torch.tensor([[h // p, w // p]] * b)}
+
+
 _FOUR_STAGES = ["stage1", "stage2", "stage3", "stage4"]
 _COMPASS_ROPE = {"full_attention": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [4, 2, 2]}}
 
@@ -211,8 +236,6 @@ RULES: dict[str, Rule] = {
     "apertus1p5": Rule(config={"vision_config": {"codebook_size": 256}, "audio_config": {"codebook_size": 256},
                                "image_token_offset": 512, "audio_token_offset": 768, "image_token_id": 500,
                                "audio_token_id": 501}, inputs=_apertus_inputs),
-    "blip": Rule(inputs=_blip_question_answers),
-    "blip_2_qformer": Rule(inputs=_qformer_queries),
     # Aria's projector maps a known number of image patches to a number of queries (1225 or 4900 patches at its
     # real sizes): the 2 x 2 patches of the shrunk tower to 4 queries.
     "aria": Rule(config={"projector_patch_to_query_dict": {4: 4}}),
@@ -221,6 +244,10 @@ RULES: dict[str, Rule] = {
                          "stage_names": ["stem"] + _FOUR_STAGES}),
     # BiT normalises with GroupNorm(32) everywhere, down to the bottleneck's width / 4: keep stages >= 128 wide.
     "bit": Rule(config={"hidden_sizes": [128, 256, 512, 1024], "embedding_size": 64}),
+    # BLIP's VQA head decodes an answer and needs its decoder input at inference.
+    "blip": Rule(inputs=_blip_question_answers),
+    # A Q-Former on its own has no images: it needs its queries and the image features to attend to.
+    "blip_2_qformer": Rule(inputs=_qformer_queries),
     # BROS adds projected box embeddings to each attention head: the projection width is the head dim (64 / 4).
     "bros": Rule(config={"dim_bbox_projection": 16}),
     # Cohere Compass reads RoPE per layer type and its default config has none (checkpoints set it): one M-RoPE
@@ -229,11 +256,13 @@ RULES: dict[str, Rule] = {
     "cohere_compass_text": Rule(config={"rope_parameters": _COMPASS_ROPE}),
     # CvT indexes each stage's drop-path schedule (depth[i] long) by the stage number: depth[i] > i.
     "cvt": Rule(config={"depth": [1, 2, 3]}),
+    # data2vec-vision is BEiT: its segmentation head also reads 4 encoder layers.
+    "data2vec-vision": Rule(config={"num_hidden_layers": 4, "out_indices": [1, 2, 3, 4]}),
     # DBRX attention reads rope_theta from attn_config, where checkpoints (not the default config) put it, and
     # clamps q/k/v with clip_qkv, which must be set (8 in the released checkpoints).
     "dbrx": Rule(config={"attn_config": {"rope_theta": 10000.0, "clip_qkv": 8.0}}),
+    # The Decision Transformer reads trajectories (states, actions, returns), not tokens.
     "decision_transformer": Rule(inputs=_trajectories),
-    "data2vec-vision": Rule(config={"num_hidden_layers": 4, "out_indices": [1, 2, 3, 4]}),
     # DeepSeek-OCR 2's text config leaves its per-layer dense/MoE choice to checkpoints: one of each.
     # Its SAM encoder downsamples to the vision encoder's width (896 -> the shrunk 64).
     "deepseek_ocr2": Rule(config={"text_config": {"mlp_layer_types": ["dense", "sparse"]},
@@ -260,54 +289,63 @@ RULES: dict[str, Rule] = {
     "florence2": Rule(config={"vision_config": {"projection_dim": 64}}),
     # Fun-ASR's adaptor bottleneck is a quarter of the LLM width.
     "fun_asr_nano": Rule(config={"adaptor_config": {"intermediate_size": 16}}),
-    # The Gemma 4 assistant drafts without per-layer inputs, but its text config defaults to having them.
-    "gemma4_assistant": Rule(base={"text_config": {"hidden_size_per_layer_input": 0,
-                                                    "vocab_size_per_layer_input": 0}}),
     # Gemma 3n's last num_kv_shared_layers reuse the KV of earlier layers of the same type: 2 of 4 layers, so that
     # both types (sliding, full) still produce a cache.
     "gemma3n_text": Rule(config={"num_hidden_layers": 4, "num_kv_shared_layers": 2, "intermediate_size": 128,
                                  "layer_types": ["sliding_attention", "full_attention"] * 2,
                                  "activation_sparsity_pattern": [0.95, 0.0, 0.0, 0.0]}),
+    # The Gemma 4 assistant drafts without per-layer inputs, but its text config defaults to having them.
+    "gemma4_assistant": Rule(base={"text_config": {"hidden_size_per_layer_input": 0,
+                                                    "vocab_size_per_layer_input": 0}}),
     # Gemma 4's audio tower subsamples 128 mel bins (a feature-extractor setting, not in the config) by 4.
     "gemma4_audio": Rule(inputs=_audio_features(128)),
+    # Gemma 4's vision tower on its own takes flattened patches and their positions, not images.
+    "gemma4_vision": Rule(inputs=_gemma4_patches),
     # GLM-ASR's Whisper-style encoder takes (batch, mel bins, frames) without a fixed length.
     "glmasr": Rule(inputs=_audio_features(mel_first=True)),
     "glmasr_encoder": Rule(inputs=_audio_features(mel_first=True)),
-    # Granite Speech 5 delta-expands (x2) and pair-stacks (x2) its mel frames: 4 x num_mel_bins features.
-    "granite_speech5_ctc": Rule(inputs=_audio_features(320)),
-    "granite_speech5_encoder": Rule(inputs=_audio_features(320)),
+    # Granite Docling takes image tiles with a mask of the real ones, and has no default for the mask.
+    "granite_docling": Rule(inputs=_tiles),
     # Granite Speech's input_features_mask selects projected audio embeddings (a boolean mask over the
     # projector's output, not over frames); without it every embedding is used.
     "granite_speech": Rule(inputs=lambda model, config, inputs, seed: _without(inputs, "input_features_mask")),
     "granite_speech_plus": Rule(inputs=lambda model, config, inputs, seed: _without(inputs, "input_features_mask")),
-    "granite_docling": Rule(inputs=_tiles),
+    # Granite Speech 5 delta-expands (x2) and pair-stacks (x2) its mel frames: 4 x num_mel_bins features.
+    "granite_speech5_ctc": Rule(inputs=_audio_features(320)),
+    "granite_speech5_encoder": Rule(inputs=_audio_features(320)),
     # Granite 4 hybrid's default is all Mamba layers, and a cache of only Mamba layers cannot report its length.
     "granitemoehybrid": Rule(config={"layer_types": ["linear_attention", "full_attention"]}),
     # Hiera's MAE pretraining decoder has no default size.
     "hiera": Rule(config={"decoder_hidden_size": 32, "decoder_depth": 1, "decoder_num_heads": 1}),
-    # IDEFICS cross-attends to a list of images per row, and Kosmos-2 to image embeddings at marked positions.
+    # IDEFICS cross-attends to a list of images per row, with a text-to-image mask and no default for it.
     "idefics": Rule(inputs=_idefics_images),
-    "kosmos-2": Rule(inputs=_kosmos2_image_positions),
-    "lightglue": Rule(inputs=_image_pairs),
     # Kimi K2.5's vision tower embeds (n, c, p, p) patch images with a conv.
     "kimi_k25": Rule(inputs=_patch_images),
     "kimi_k25_vision": Rule(inputs=_patch_images),
+    # Kosmos-2 writes image embeddings only where its position mask says, and has no default mask.
+    "kosmos-2": Rule(inputs=_kosmos2_image_positions),
+    # LFM2-MoE leaves its conv/attention layer pattern to checkpoints: one of each.
+    "lfm2_moe": Rule(config={"layer_types": ["conv", "full_attention"]}),
+    # LightGlue matches keypoints between two images: it takes pairs.
+    "lightglue": Rule(inputs=_image_pairs),
+    # LiLT's layout stream splits hidden_size into 6 box embeddings (hidden // 6 each): 96 divides by 6 and 4 heads.
+    "lilt": Rule(config={"hidden_size": 96}),
     # Llama 4's vision adapter pixel-shuffles the tower's output (hidden / 0.5^2 = 4 x 64 channels) into an MLP whose
     # input width is the tower's intermediate_size.
     "llama4": Rule(config={"vision_config": {"intermediate_size": 256}}),
+    # Longformer's QA and multiple-choice heads find the question by its separator tokens (three per row).
+    "longformer": Rule(inputs=_longformer_separators),
     # LW-DETR's default config has no multi-scale projector (checkpoints define it): one level from the ViT
     # backbone's 4 outputs.
     "lw_detr": Rule(config={"projector_scale_factors": [1.0], "projector_in_channels": [64, 64, 64, 64],
                             "projector_out_channels": 64, "num_feature_levels": 1}),
-    # LFM2-MoE leaves its conv/attention layer pattern to checkpoints: one of each.
-    "lfm2_moe": Rule(config={"layer_types": ["conv", "full_attention"]}),
-    # LiLT's layout stream splits hidden_size into 6 box embeddings (hidden // 6 each): 96 divides by 6 and 4 heads.
-    "lilt": Rule(config={"hidden_size": 96}),
+    # MiniCPM's vision towers take the patches of all images packed into one strip, with each image's grid.
+    "minicpm_ocr_vision": Rule(inputs=_packed_patches),
+    "minicpmv4_7_vision": Rule(inputs=_packed_patches),
     # Mllama concatenates the vision output with intermediate layers' (indices up to 30) into vision_output_dim,
     # and its text model cross-attends at fixed layer indices (3, 8, ...): one of each in the 2-layer towers.
     "mllama": Rule(config={"vision_config": {"intermediate_layers_indices": [1], "vision_output_dim": 128},
                            "text_config": {"cross_attention_layers": [1]}}, inputs=_mllama_tiles),
-    "longformer": Rule(inputs=_longformer_separators),
     # Molmo 2 concatenates features of two vision layers (24 and 18 of 27): the last two of the shrunk tower.
     "molmo2": Rule(config={"adapter_config": {"vision_feature_layer": [-1, -2]}}),
     # Gemma 3 pools the vision tower's patch grid down to mm_tokens_per_image (a square): 4 patches per side
