@@ -285,6 +285,15 @@ RULES: dict[str, Rule] = {
     # head_dim no longer is: 16 + 16.
     "dots3_note": Rule(config={"text_config": {"per_layer_config": {"01": {"head_dim": 32}}}}),
     "dots3_note_text": Rule(config={"per_layer_config": {"01": {"head_dim": 32}}}),
+    # EfficientLoFTR's RepVGG stages list every block's widths (14 blocks of 256 in the last stage), and its
+    # hidden size must be the last stage's: one block per stage, 16 to 64 wide. Its 2-D RoPE spans 4 head dims
+    # (partial_rotary_factor 4) and must fill hidden / 2 channels: 8 heads as in the default. It matches pairs.
+    "efficientloftr": Rule(config={"stage_num_blocks": [1, 1, 1, 1], "out_features": [16, 16, 32, 64],
+                                   "stage_in_channels": [1, 16, 16, 32], "stage_block_stride": [[2], [1], [2], [2]],
+                                   "stage_block_out_channels": [[16], [16], [32], [64]],
+                                   "stage_block_in_channels": [[1], [16], [16], [32]], "hidden_size": 64,
+                                   "fine_fusion_dims": [64, 32, 16], "num_attention_heads": 8,
+                                   "num_key_value_heads": 8}, inputs=_image_pairs),
     # Florence-2 projects image features to the language model's width (1024 = d_model in both defaults).
     "florence2": Rule(config={"vision_config": {"projection_dim": 64}}),
     # Fun-ASR's adaptor bottleneck is a quarter of the LLM width.
