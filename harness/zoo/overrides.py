@@ -185,6 +185,22 @@ def _patch_images(model: Any, config: Any, inputs: dict[str, Any], seed: int) ->
     return {**inputs, "pixel_values": pixels.reshape(pixels.shape[0], -1, patch, patch)}
 
 
+def _csm_audio(model: Any, config: Any, inputs: dict[str, Any], seed: int) -> dict[str, Any]:
+    """CSM encodes each row's audio clips (batch, channels, samples) up to their cutoffs, one clip per row here,
+    into the audio placeholder tokens of the row."""
+    import torch
+
+    values = inputs["input_values"]
+    values = values.unsqueeze(1) if values.dim() == 2 else values
+    b = values.shape[0]
+    with torch.no_grad():  # one audio placeholder token per codec frame of the clip
+        frames = model.codec_model.encode(values[:1]).audio_codes.shape[-1]
+    ids = torch.cat([torch.full((b, frames), config.audio_token_id, dtype=inputs["input_ids"].dtype),
+                     inputs["input_ids"]], dim=1)
+    return {**inputs, "input_ids": ids, "attention_mask": torch.ones_like(ids), "input_values": values,
+            "input_values_cutoffs": torch.tensor([[values.shape[-1]]] * b)}
+
+
 def _trajectories(model: Any, config: Any, inputs: dict[str, Any], seed: int) -> dict[str, Any]:
     """A Decision Transformer reads (return-to-go, state, action) triples with their timesteps."""
     import torch
@@ -254,6 +270,8 @@ RULES: dict[str, Rule] = {
     # for full attention, its (t, h, w) sections summing to half the shrunk head dim.
     "cohere_compass": Rule(config={"text_config": {"rope_parameters": _COMPASS_ROPE}}),
     "cohere_compass_text": Rule(config={"rope_parameters": _COMPASS_ROPE}),
+    # CSM's codec encodes audio clips up to per-row cutoffs, which have no default.
+    "csm": Rule(inputs=_csm_audio),
     # CvT indexes each stage's drop-path schedule (depth[i] long) by the stage number: depth[i] > i.
     "cvt": Rule(config={"depth": [1, 2, 3]}),
     # data2vec-vision is BEiT: its segmentation head also reads 4 encoder layers.
