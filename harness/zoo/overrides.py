@@ -201,6 +201,16 @@ def _csm_audio(model: Any, config: Any, inputs: dict[str, Any], seed: int) -> di
             "input_values_cutoffs": torch.tensor([[values.shape[-1]]] * b)}
 
 
+def _text_and_codes(model: Any, config: Any, inputs: dict[str, Any], seed: int) -> dict[str, Any]:
+    """Kyutai STT reads one text token and one code per audio codebook at each step: (batch, seq, 1 + codebooks)."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    ids = inputs["input_ids"]
+    codes = torch.randint(0, config.codebook_vocab_size - 1, (*ids.shape, config.num_codebooks), generator=g)
+    return {**inputs, "input_ids": torch.cat([ids.unsqueeze(-1), codes], dim=-1)}
+
+
 def _trajectories(model: Any, config: Any, inputs: dict[str, Any], seed: int) -> dict[str, Any]:
     """A Decision Transformer reads (return-to-go, state, action) triples with their timesteps."""
     import torch
@@ -351,6 +361,8 @@ RULES: dict[str, Rule] = {
     "kimi_k25_vision": Rule(inputs=_patch_images),
     # Kosmos-2 writes image embeddings only where its position mask says, and has no default mask.
     "kosmos-2": Rule(inputs=_kosmos2_image_positions),
+    # Kyutai speech-to-text steps over a text token plus one code per audio codebook.
+    "kyutai_speech_to_text": Rule(inputs=_text_and_codes),
     # LFM2-MoE leaves its conv/attention layer pattern to checkpoints: one of each.
     "lfm2_moe": Rule(config={"layer_types": ["conv", "full_attention"]}),
     # LightGlue matches keypoints between two images: it takes pairs.
