@@ -264,7 +264,8 @@ def grid_vision_inputs(config: Any, g: torch.Generator, grid: int = 4) -> dict[s
             "image_grid_thw": torch.tensor([[1, grid, grid]] * BATCH)}
 
 
-_PLACEHOLDER = re.compile(r"(Image|Video|Audio) features and \w+ tokens do not match[,:] tokens: (\d+), features:? (\d+)")
+_PLACEHOLDER = re.compile(r"(Image|Video|Audio|Multimodal) features and \w+ tokens do not match[,:] tokens: (\d+), "
+                          r"features:? (\d+)")
 
 
 def placeholder_id(config: Any, kind: str) -> int | None:
@@ -292,10 +293,14 @@ def fit_placeholders(model: torch.nn.Module, config: Any, inputs: dict[str, Any]
         except Exception as exc:  # the forward is only a probe here
             m = _PLACEHOLDER.search(str(exc))
             if m and m.group(2) == "0":
-                token = placeholder_id(config, m.group(1).lower())
+                kind = m.group(1).lower()
+                if kind == "multimodal":  # the message does not say which: the first modality without placeholders
+                    kind = next((k for k in ("image", "video", "audio") if k in _given_modalities(inputs)
+                                 and not _has_placeholders(config, inputs, k)), "image")
+                token = placeholder_id(config, kind)
                 count = int(m.group(3))
-                if m.group(1) in ("Image", "Audio"):
-                    count = _feature_rows(model, inputs, m.group(1).lower()) or count
+                if kind in ("image", "audio"):
+                    count = _feature_rows(model, inputs, kind) or count
                 if token is None or count % BATCH:
                     return inputs
                 inputs = _prefix_tokens(inputs, token, count // BATCH)
@@ -310,6 +315,16 @@ def fit_placeholders(model: torch.nn.Module, config: Any, inputs: dict[str, Any]
                 continue
             return inputs
     return inputs
+
+
+def _given_modalities(inputs: dict[str, Any]) -> set[str]:
+    kinds = {"pixel_values": "image", "pixel_values_videos": "video", "input_features": "audio", "input_values": "audio"}
+    return {kind for key, kind in kinds.items() if key in inputs}
+
+
+def _has_placeholders(config: Any, inputs: dict[str, Any], kind: str) -> bool:
+    token = placeholder_id(config, kind)
+    return token is not None and bool((inputs["input_ids"] == token).any())
 
 
 def _feature_rows(model: torch.nn.Module, inputs: dict[str, Any], kind: str) -> int | None:

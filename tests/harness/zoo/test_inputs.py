@@ -60,3 +60,14 @@ def test_vocabulary_of_a_wrapped_model_config():
 def test_no_inputs_for_a_tower_the_model_was_built_without():
     inputs = _inputs("gemma4", "Gemma4Model")  # the default config has neither vision nor audio
     assert "input_ids" in inputs and "pixel_values" not in inputs and "input_features" not in inputs
+
+
+def test_multimodal_placeholder_message_fills_the_given_modality():
+    # dots.3 says "Multimodal features and placeholder tokens do not match" without naming the modality
+    from harness.zoo.inputs import fit_placeholders, placeholder_id
+
+    config = tiny_config("dots3_note")
+    model = model_class("Dots3NoteModel")._from_config(config).eval()
+    inputs = {k: v for k, v in build_inputs(model, config, "Dots3NoteModel").items() if k != "input_features"}
+    fitted = fit_placeholders(model, config, inputs)
+    assert (fitted["input_ids"] == placeholder_id(config, "image")).sum() > 0
