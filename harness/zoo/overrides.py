@@ -324,6 +324,10 @@ RULES: dict[str, Rule] = {
                                    "stage_block_in_channels": [[1], [16], [16], [32]], "hidden_size": 64,
                                    "fine_fusion_dims": [64, 32, 16], "num_attention_heads": 8,
                                    "num_key_value_heads": 8}, inputs=_image_pairs),
+    # ERNIE 4.5 VL interleaves the h and w rotary sections, which must be equal ([22, 22, 20] by default; the
+    # generic M-RoPE default is t first): h, w, t summing to half the shrunk head dim.
+    "ernie4_5_vl_moe": Rule(config={"text_config": {"rope_parameters": {"rope_type": "default", "rope_theta": 500000.0,
+                                                                        "mrope_section": [2, 2, 4]}}}),
     # Florence-2 projects image features to the language model's width (1024 = d_model in both defaults).
     "florence2": Rule(config={"vision_config": {"projection_dim": 64}}),
     # Fun-ASR's adaptor bottleneck is a quarter of the LLM width.
