@@ -211,6 +211,20 @@ def _text_and_codes(model: Any, config: Any, inputs: dict[str, Any], seed: int) 
     return {**inputs, "input_ids": torch.cat([ids.unsqueeze(-1), codes], dim=-1)}
 
 
+def _merged_patch_images(model: Any, config: Any, inputs: dict[str, Any], seed: int) -> dict[str, Any]:
+    """Inkling 2 takes one (p * m, p * m, c) pixel block per language-model image token (m x m merged patches),
+    with image grids counted in those tokens."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    vision = config.vision_config
+    p, m, c = vision.patch_size, vision.spatial_merge_size, vision.num_channels
+    grid = inputs["image_grid_thw"].clone()
+    grid[:, 1:] //= m
+    tokens = int(grid.prod(dim=-1).sum())
+    return {**inputs, "pixel_values": torch.rand(tokens, p * m, p * m, c, generator=g) * 2 - 1, "image_grid_thw": grid}
+
+
 def _trajectories(model: Any, config: Any, inputs: dict[str, Any], seed: int) -> dict[str, Any]:
     """A Decision Transformer reads (return-to-go, state, action) triples with their timesteps."""
     import torch
@@ -362,6 +376,9 @@ RULES: dict[str, Rule] = {
     "hiera": Rule(config={"decoder_hidden_size": 32, "decoder_depth": 1, "decoder_num_heads": 1}),
     # IDEFICS cross-attends to a list of images per row, with a text-to-image mask and no default for it.
     "idefics": Rule(inputs=_idefics_images),
+    # Inkling 2 reads pixel blocks per image token, not flattened patches.
+    "inkling2": Rule(inputs=_merged_patch_images),
+    "inkling2_loop": Rule(inputs=_merged_patch_images),
     # Kimi K2.5's vision tower embeds (n, c, p, p) patch images with a conv.
     "kimi_k25": Rule(inputs=_patch_images),
     "kimi_k25_vision": Rule(inputs=_patch_images),
