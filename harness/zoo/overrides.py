@@ -217,7 +217,7 @@ def _merged_patch_images(model: Any, config: Any, inputs: dict[str, Any], seed: 
     import torch
 
     g = torch.Generator().manual_seed(seed)
-    vision = config.vision_config
+    vision = getattr(config, "vision_config", None) or config
     p, m, c = vision.patch_size, vision.spatial_merge_size, vision.num_channels
     grid = inputs["image_grid_thw"].clone()
     grid[:, 1:] //= m
@@ -379,6 +379,7 @@ RULES: dict[str, Rule] = {
     # Inkling 2 reads pixel blocks per image token, not flattened patches.
     "inkling2": Rule(inputs=_merged_patch_images),
     "inkling2_loop": Rule(inputs=_merged_patch_images),
+    "inkling2_vision": Rule(inputs=_merged_patch_images),
     # Kimi K2.5's vision tower embeds (n, c, p, p) patch images with a conv.
     "kimi_k25": Rule(inputs=_patch_images),
     "kimi_k25_vision": Rule(inputs=_patch_images),
