@@ -374,6 +374,9 @@ RULES: dict[str, Rule] = {
     "granitemoehybrid": Rule(config={"layer_types": ["linear_attention", "full_attention"]}),
     # Hiera's MAE pretraining decoder has no default size.
     "hiera": Rule(config={"decoder_hidden_size": 32, "decoder_depth": 1, "decoder_num_heads": 1}),
+    # HRM's num_hidden_layers counts cache slots, one per layer pass: layers per stack x H_cycles x (L_cycles + 1)
+    # (16 x 2 x 4 = 128 by default), so with 2 layers per stack it is 16.
+    "hrm_text": Rule(config={"num_hidden_layers": 16}),
     # IDEFICS cross-attends to a list of images per row, with a text-to-image mask and no default for it.
     "idefics": Rule(inputs=_idefics_images),
     # Inkling 2 reads pixel blocks per image token, not flattened patches.
