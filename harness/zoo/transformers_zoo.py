@@ -113,7 +113,9 @@ def config_for_class(cls: type, config: Any) -> Any:
             return c
         todo += [v for v in vars(c).values() if isinstance(v, PreTrainedConfig)]
     fields = {f.name for f in dataclasses.fields(wanted)} if dataclasses.is_dataclass(wanted) else set()
-    if "text_config" not in fields:
+    if "text_config" not in fields or set(getattr(wanted, "sub_configs", {}) or {}) - {"text_config"}:
+        # not a head wrapping a whole model: a sibling composite (Gemma3ForConditionalGeneration under
+        # shieldgemma2) takes the model_type's own config
         return config
     extra: dict[str, Any] = {}
     hidden = getattr(text_config_of(config), "hidden_size", None)

@@ -103,3 +103,12 @@ def test_tower_class_gets_its_own_sub_config():
     config = tiny_config("llama4")
     assert config_for_class(model_class("Llama4TextModel"), config) is config.text_config
     assert config_for_class(model_class("Llama4ForConditionalGeneration"), config) is config
+
+
+def test_sibling_composite_class_takes_the_model_types_config():
+    from harness.zoo.transformers_zoo import config_for_class, model_class, tiny_config
+
+    # Gemma3ForConditionalGeneration is listed under shieldgemma2, whose config it accepts as is; it must not be
+    # wrapped as the text config of a new (unshrunk) Gemma3Config.
+    config = tiny_config("shieldgemma2")
+    assert config_for_class(model_class("Gemma3ForConditionalGeneration"), config) is config
