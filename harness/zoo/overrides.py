@@ -225,6 +225,15 @@ def _merged_patch_images(model: Any, config: Any, inputs: dict[str, Any], seed: 
     return {**inputs, "pixel_values": torch.rand(tokens, p * m, p * m, c, generator=g) * 2 - 1, "image_grid_thw": grid}
 
 
+def _gemma3n_mel(model: Any, config: Any, inputs: dict[str, Any], seed: int) -> dict[str, Any]:
+    """Gemma 3n's audio encoder takes (batch, frames, input_feat_size) mels and a padding mask (True = padding)."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    return {**inputs, "audio_mel": torch.randn(2, 64, config.input_feat_size, generator=g),
+            "audio_mel_mask": torch.zeros(2, 64, dtype=torch.bool)}
+
+
 def _trajectories(model: Any, config: Any, inputs: dict[str, Any], seed: int) -> dict[str, Any]:
     """A Decision Transformer reads (return-to-go, state, action) triples with their timesteps."""
     import torch
@@ -342,10 +351,15 @@ RULES: dict[str, Rule] = {
     # generic M-RoPE default is t first): h, w, t summing to half the shrunk head dim.
     "ernie4_5_vl_moe": Rule(config={"text_config": {"rope_parameters": {"rope_type": "default", "rope_theta": 500000.0,
                                                                         "mrope_section": [2, 2, 4]}}}),
+    # FLAVA pretraining computes its losses by default (return_loss), which needs the processor's codebook
+    # pixels for masked-image labels: run it as inference.
+    "flava": Rule(config={"return_loss": False}),
     # Florence-2 projects image features to the language model's width (1024 = d_model in both defaults).
     "florence2": Rule(config={"vision_config": {"projection_dim": 64}}),
     # Fun-ASR's adaptor bottleneck is a quarter of the LLM width.
     "fun_asr_nano": Rule(config={"adaptor_config": {"intermediate_size": 16}}),
+    # Gemma 3n's audio encoder on its own names its inputs audio_mel / audio_mel_mask, not input_features.
+    "gemma3n_audio": Rule(inputs=_gemma3n_mel),
     # Gemma 3n's last num_kv_shared_layers reuse the KV of earlier layers of the same type: 2 of 4 layers, so that
     # both types (sliding, full) still produce a cache.
     "gemma3n_text": Rule(config={"num_hidden_layers": 4, "num_kv_shared_layers": 2, "intermediate_size": 128,
