@@ -132,7 +132,9 @@ def _image_sizes(model: Any, config: Any, inputs: dict[str, Any], seed: int) -> 
     """Each image's (height, width), for models that cut padded images back to their size."""
     import torch
 
-    pixels = inputs["pixel_values"]
+    pixels = inputs.get("pixel_values")
+    if pixels is None:  # the text model alone
+        return inputs
     return {**inputs, "image_sizes": torch.tensor([list(pixels.shape[-2:])] * pixels.shape[0])}
 
 
@@ -271,6 +273,17 @@ def _packed_patches(model: Any, config: Any, inputs: dict[str, Any], seed: int) 
     return {**inputs, "pixel_values": strip, "target_sizes": torch.tensor([[h // p, w // p]] * b)}
 
 
+def _chameleon_vocab(codes: int, first: int) -> dict[str, int]:
+    """Chameleon's BPE names for VQ codes: IMGIMG + the code's digits as letters (0 -> A) + Z."""
+    names = {f"IMGIMG{''.join(chr(ord('A') + int(d)) for d in str(i))}Z": first + i for i in range(codes)}
+    return {"<image>": first - 1, **names}
+
+
+def _emu3_vocab(codes: int, first: int) -> dict[str, int]:
+    names = {f"<|visual token {i:06d}|>": first + i for i in range(codes)}
+    return {"<image>": first - 2, "<|extra_200|>": first - 1, **names}
+
+
 _FOUR_STAGES = ["stage1", "stage2", "stage3", "stage4"]
 _COMPASS_ROPE = {"full_attention": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [4, 2, 2]}}
 
@@ -299,6 +312,10 @@ RULES: dict[str, Rule] = {
     "blip_2_qformer": Rule(inputs=_qformer_queries),
     # BROS adds projected box embeddings to each attention head: the projection width is the head dim (64 / 4).
     "bros": Rule(config={"dim_bbox_projection": 16}),
+    # Chameleon maps VQ codes to BPE tokens through the tokenizer's vocabulary (vocabulary_map, None in the default
+    # config): 256 codes at ids 512-767, the image placeholder just before.
+    "chameleon": Rule(config={"vq_config": {"num_embeddings": 256}, "vocabulary_map": _chameleon_vocab(256, 512),
+                              "image_token_id": 511}),
     # Cohere Compass reads RoPE per layer type and its default config has none (checkpoints set it): one M-RoPE
     # for full attention, its (t, h, w) sections summing to half the shrunk head dim.
     "cohere_compass": Rule(config={"text_config": {"rope_parameters": _COMPASS_ROPE}}),
@@ -347,6 +364,12 @@ RULES: dict[str, Rule] = {
                                    "stage_block_in_channels": [[1], [16], [16], [32]], "hidden_size": 64,
                                    "fine_fusion_dims": [64, 32, 16], "num_attention_heads": 8,
                                    "num_key_value_heads": 8}, inputs=_image_pairs),
+    # Emu3 maps VQ codes to BPE tokens through the tokenizer's vocabulary (vocabulary_map, None in the default
+    # config): 256 codes at ids 512-767, the image placeholder and end-of-line token just before. Its VQ attention
+    # width is the deepest level's channels (base_channels 32 x 4).
+    "emu3": Rule(config={"vq_config": {"codebook_size": 256, "hidden_size": 128},
+                         "vocabulary_map": _emu3_vocab(256, 512),
+                         "image_token_id": 510}, inputs=_image_sizes),
     # ERNIE 4.5 VL interleaves the h and w rotary sections, which must be equal ([22, 22, 20] by default; the
     # generic M-RoPE default is t first): h, w, t summing to half the shrunk head dim.
     "ernie4_5_vl_moe": Rule(config={"text_config": {"rope_parameters": {"rope_type": "default", "rope_theta": 500000.0,
