@@ -154,8 +154,11 @@ def _register_direct_kernels() -> None:
     Without one, composite kernels (CompositeExplicitAutograd, structured ops) run first and reach us as
     `empty` + `op.out`: two Python round trips per op instead of one. Done at first use, not at import,
     because it reads torchax's table (which imports JAX)."""
+    from hf_tpu import dispatch
     from hf_tpu.torchax_compat import load_op_table
 
+    global _dispatch
+    _dispatch = dispatch.dispatch
     lowerings, _ = load_op_table()
     packets = {getattr(k, "overloadpacket", k) for k in lowerings if isinstance(k, (torch._ops.OpOverload,
                torch._ops.OpOverloadPacket))}
@@ -184,10 +187,12 @@ def _register_direct_kernels() -> None:
                 continue  # a Python-only overload (e.g. aten::__and__.bool): nothing to dispatch
 
 
-def _direct(op: Any, *args: Any, **kwargs: Any) -> Any:
-    from hf_tpu import dispatch
+_dispatch: Any = None  # hf_tpu.dispatch.dispatch, bound when the direct kernels are registered
 
-    return dispatch.dispatch(op, args, kwargs)
+
+def _direct(op: Any, *args: Any, **kwargs: Any) -> Any:
+    # no import statement here: this runs on every op, and an import costs microseconds even when cached
+    return _dispatch(op, args, kwargs)
 
 
 PER_OP_KERNELS = (

@@ -34,8 +34,16 @@ def _is_array(x: Any) -> bool:
 
 def call(op: Any, fn: Callable[..., Any], args: tuple, kwargs: dict, precision: str, eligible: bool) -> Any:
     """fn(*args, **kwargs), through a cached jit program when possible."""
+    return call_with_program(op, fn, args, kwargs, precision, eligible)[0]
+
+
+def call_with_program(op: Any, fn: Callable[..., Any], args: tuple, kwargs: dict, precision: str,
+                      eligible: bool) -> tuple[Any, Callable[[list[Any]], Any] | None]:
+    """(fn(*args, **kwargs), the program that computed it from the list of array arguments, in order of
+    appearance, or None when it ran without one). Callers may call the program again directly for the
+    same op and static arguments (dispatch's fast path): jax.jit specialises it to new shapes itself."""
     if not eligible or op in _untraceable or not ENABLED:
-        return fn(*args, **kwargs)
+        return fn(*args, **kwargs), None
     # Split the call into array leaves (traced) and a hashable static skeleton.
     arrays: list[Any] = []
 
@@ -49,18 +57,25 @@ def call(op: Any, fn: Callable[..., Any], args: tuple, kwargs: dict, precision: 
 
     sk_args = tuple(skeleton(a) for a in args)
     sk_kwargs = tuple(sorted((k, skeleton(v)) for k, v in kwargs.items()))
-    key = (op, sk_args, sk_kwargs, precision)
+    # the default dtype too: a factory without a dtype is traced with it
+    key = (op, sk_args, sk_kwargs, precision, _default_dtype())
     try:
         prog = _programs.get(key)
     except TypeError:  # an unhashable static argument
-        return fn(*args, **kwargs)
+        return fn(*args, **kwargs), None
     if prog is None:
         prog = _programs[key] = _build(fn, sk_args, sk_kwargs)
     try:
-        return prog(arrays)
+        return prog(arrays), prog
     except _tracer_errors():
         _untraceable.add(op)
-        return fn(*args, **kwargs)
+        return fn(*args, **kwargs), None
+
+
+def _default_dtype() -> Any:
+    import torch
+
+    return torch.get_default_dtype()
 
 
 class _Slot:

@@ -13,10 +13,9 @@ right after the module's own code has run (or at once, if it is already imported
   accelerate.utils.modeling      get_max_memory                      (patch "auto_device_map")
   transformers.modeling_utils    check_and_set_device_map            (patch "tpu_unavailable_error")
   transformers.modeling_utils    caching_allocator_warmup            (patch "tpu_skip_allocator_warmup")
-  transformers.modeling_utils    PreTrainedModel._load_pretrained_model, safe_open
-                                                                     (patch "tpu_checkpoint_pread")
   transformers.modeling_utils    safe_open, load_state_dict          (patch "checkpoint_file_errors")
   transformers.core_model_loading  _materialize_copy                 (patch "tpu_direct_materialize")
+  transformers.pytorch_utils     id_tensor_storage                   (patch "tpu_storage_identity")
   torch                          Generator                           (patch "tpu_generator_error")
 
 `applied()` lists the patches applied in this process; HF_TPU_NO_PATCHES=1 turns them all off (the tests
@@ -25,7 +24,6 @@ use it to show each patch is needed).
 
 from __future__ import annotations
 
-import contextvars
 import functools
 import importlib.util
 import os
@@ -202,9 +200,6 @@ def _patch_allocator_warmup(mod: Any) -> None:
     _mark("tpu_skip_allocator_warmup")
 
 
-_loading_to_tpu: contextvars.ContextVar[bool] = contextvars.ContextVar("hf_tpu_loading_to_tpu", default=False)
-
-
 def _device_map_targets_tpu(device_map: Any) -> bool:
     if not isinstance(device_map, dict):
         return False
@@ -217,43 +212,18 @@ def _device_map_targets_tpu(device_map: Any) -> bool:
     return False
 
 
-def _patch_checkpoint_reading(mod: Any) -> None:
-    """Upstream: `_load_pretrained_model` memory-maps each safetensors file (`safe_open(..., backend="mmap")`)
-    unless the target is MPS, where it reads with `pread`. hf_tpu's device memory on XLA:CPU is host memory,
-    so with mmap the file's pages stay resident (counted in RSS, 1x checkpoint) next to the device copy
-    (another 1x) until the file handles close: peak host RSS about 2.6x the checkpoint for GPT-2.
-    Fix: when the device map targets tpu (hf_tpu's), read with `pread`, as Transformers does for MPS: each
-    tensor is read into a transient buffer, copied to the device and freed. Measured by
-    benchmarks/load_bench.py."""
-    cls = mod.PreTrainedModel
-    orig = cls.__dict__["_load_pretrained_model"]
-    func = orig.__func__ if isinstance(orig, staticmethod) else orig
-    if getattr(func, "_hf_tpu_patched", False):
-        return
-
-    @functools.wraps(func)
-    def _load_pretrained_model(model: Any, state_dict: Any, checkpoint_files: Any, load_config: Any,
-                               *args: Any, **kwargs: Any) -> Any:
-        to_tpu = _tpu_served_by_hf_tpu() and _device_map_targets_tpu(getattr(load_config, "device_map", None))
-        token = _loading_to_tpu.set(to_tpu)
-        try:
-            return func(model, state_dict, checkpoint_files, load_config, *args, **kwargs)
-        finally:
-            _loading_to_tpu.reset(token)
-
-    _load_pretrained_model._hf_tpu_patched = True  # type: ignore[attr-defined]
-    cls._load_pretrained_model = staticmethod(_load_pretrained_model) if isinstance(orig, staticmethod) \
-        else _load_pretrained_model
-    _mark("tpu_checkpoint_pread")
-
-
 def _patch_materialize_to_tpu(mod: Any) -> None:
     """Upstream: `core_model_loading._materialize_copy` moves each checkpoint tensor with
     `tensor.to(device)`. On hf_tpu that is PyTorch's generic path: `empty_strided` on tpu (a zero-filled
     device buffer) and then `copy_` (another buffer converted through `jnp.asarray`), so each tensor in
     flight costs about three times its size on the host, with two loader threads. Fix: for a tpu target,
-    read the tensor on CPU (cast there if a dtype is asked for) and hand its bytes to JAX once
-    (`jax.device_put`), wrapped as the tpu tensor directly. Measured by benchmarks/load_bench.py."""
+    read the tensor on CPU (cast there if a dtype is asked for) and hand it to JAX, wrapped as the tpu
+    tensor directly. A tensor read from a safetensors slice is a view of the memory-mapped checkpoint that
+    nothing else references (or, cast on CPU, a fresh buffer), so on XLA:CPU the device array adopts that
+    memory (`may_alias`) instead of copying it: as with `device_map="cpu"`, the weights stay in the page
+    cache and come in on first use, with no host copy at all. A torch.Tensor handed in by the caller (a
+    `state_dict=` argument, a legacy .bin) may be used again, so it is copied. Measured by
+    benchmarks/load_bench.py."""
     orig = mod._materialize_copy
     if getattr(orig, "_hf_tpu_patched", False):
         return
@@ -261,11 +231,14 @@ def _patch_materialize_to_tpu(mod: Any) -> None:
     @functools.wraps(orig)
     def _materialize_copy(tensor: Any, device: Any = None, dtype: Any = None) -> Any:
         if device is not None and _is_hf_tpu_device(device):
+            import torch
+
+            fresh = not isinstance(tensor, torch.Tensor)  # a safetensors slice: `[...]` reads a new buffer
             cpu = tensor[...]
             if getattr(cpu, "device", None) is not None and cpu.device.type == "cpu":
                 if dtype is not None and cpu.dtype != dtype:
-                    cpu = cpu.to(dtype)
-                return _cpu_to_tpu(cpu)
+                    cpu, fresh = cpu.to(dtype), True
+                return _cpu_to_tpu(cpu, adopt=fresh)
         return orig(tensor, device, dtype)
 
     _materialize_copy._hf_tpu_patched = True  # type: ignore[attr-defined]
@@ -273,17 +246,96 @@ def _patch_materialize_to_tpu(mod: Any) -> None:
     _mark("tpu_direct_materialize")
 
 
-def _cpu_to_tpu(t: Any) -> Any:
-    import torch
+_XLA_ALIGN = 64  # XLA:CPU adopts host memory only at this alignment; it copies anything else
 
-    from hf_tpu import dtypes, runtime
+
+def _cpu_to_tpu(t: Any, adopt: bool) -> Any:
+    """`t` as a tpu tensor; with `adopt`, the device array may share `t`'s memory (t must not be used again)."""
     from hf_tpu import tensor as T
 
-    dtypes.check(t.dtype)
-    t = t.detach()
-    if t.dtype == torch.bfloat16 or t.is_conj() or t.is_neg():
-        return T.wrap(T.from_cpu(t), t.dtype)
-    return T.wrap(runtime.jax().device_put(t.contiguous().numpy()), t.dtype)
+    if adopt and t.data_ptr() % _XLA_ALIGN:
+        # A checkpoint's tensors sit wherever its header ends (safetensors aligns to 8 bytes), so XLA would
+        # copy this one out of the mapping now, pulling the file's pages into this process's RSS beside
+        # the copy. Instead the tensor reads its bytes from the file (pread, into an aligned buffer XLA
+        # adopts) on first use: loading costs nothing, as it does for a CPU tensor over the mapping.
+        where = _mapped_range(t)
+        if where is not None:
+            return T.wrap_lazy(tuple(t.shape), t.dtype, functools.partial(_read_range, *where, t.dtype,
+                                                                           tuple(t.shape)))
+    return T.wrap(T.from_cpu(t, adopt=adopt), t.dtype)
+
+
+class _OpenFile:
+    """A checkpoint file held open (its inode stays readable even if the path is replaced) while any
+    lazily read tensor still needs it."""
+
+    def __init__(self, path: str) -> None:
+        self.fd = os.open(path, os.O_RDONLY)
+
+    def __del__(self) -> None:
+        try:
+            os.close(self.fd)
+        except (OSError, AttributeError):
+            pass
+
+
+_open_files: dict[tuple[int, int], Any] = {}  # (device, inode) -> weakref to _OpenFile
+
+
+def _open_file(path: str) -> _OpenFile:
+    import weakref
+
+    st = os.stat(path)
+    ref = _open_files.get((st.st_dev, st.st_ino))
+    f = ref() if ref is not None else None
+    if f is None:
+        f = _OpenFile(path)
+        _open_files[(st.st_dev, st.st_ino)] = weakref.ref(f)
+    return f
+
+
+def _mapped_range(t: Any) -> tuple[_OpenFile, int, int] | None:
+    """(open file, offset, nbytes) of a contiguous CPU tensor that is a view of a memory-mapped file; None
+    if `t` is not such a view. Hand-written because neither safetensors nor torch says which file and
+    offset a tensor maps (/proc/self/maps does, on Linux)."""
+    nbytes = t.numel() * t.element_size()
+    if not t.is_contiguous() or nbytes == 0 or not sys.platform.startswith("linux"):
+        return None
+    addr = t.data_ptr()
+    try:
+        with open("/proc/self/maps") as maps:
+            for line in maps:
+                span, _, offset, _, inode, *path = line.split()
+                lo, hi = (int(x, 16) for x in span.split("-"))
+                if lo <= addr and addr + nbytes <= hi:
+                    break
+            else:
+                return None
+        if inode == "0" or not path or not path[0].startswith("/"):
+            return None  # anonymous memory: nothing to read again
+        return _open_file(path[0]), addr - lo + int(offset, 16), nbytes
+    except (OSError, ValueError):  # only memory is at stake: XLA copies instead
+        return None
+
+
+def _read_range(f: _OpenFile, pos: int, nbytes: int, dtype: Any, shape: tuple[int, ...]) -> Any:
+    """The bytes [pos, pos + nbytes) of `f` as a device array of `dtype` and `shape`, read with pread into
+    a 64-byte-aligned host buffer that XLA:CPU adopts (one copy of the data, outside the page cache)."""
+    import numpy as np
+    import torch
+
+    from hf_tpu import tensor as T
+
+    raw = np.empty(nbytes + _XLA_ALIGN, np.uint8)
+    start = -raw.ctypes.data % _XLA_ALIGN
+    buf = raw[start:start + nbytes]
+    view = memoryview(buf)
+    while view.nbytes:
+        n = os.preadv(f.fd, [view], pos)
+        if n <= 0:
+            raise OSError(f"hf_tpu: checkpoint file ended early while reading {nbytes} bytes at offset {pos}")
+        view, pos = view[n:], pos + n
+    return T.from_cpu(torch.from_numpy(buf).view(dtype).reshape(shape), adopt=True)
 
 
 def _patch_checkpoint_errors(mod: Any) -> None:
@@ -297,8 +349,6 @@ def _patch_checkpoint_errors(mod: Any) -> None:
     orig_load = mod.load_state_dict
 
     def safe_open(filename: Any, *args: Any, **kwargs: Any) -> Any:
-        if _loading_to_tpu.get() and kwargs.get("backend") == "mmap" and kwargs.get("device", "cpu") == "cpu":
-            kwargs["backend"] = "pread"  # patch "tpu_checkpoint_pread" (above)
         try:
             return mod._hf_tpu_orig_safe_open(filename, *args, **kwargs)
         except Exception as exc:
@@ -368,12 +418,39 @@ def _is_hf_tpu_device(device: Any) -> bool:
     return kind == "tpu" and _tpu_served_by_hf_tpu()
 
 
+def _patch_storage_identity(mod: Any) -> None:
+    """Upstream: `pytorch_utils.id_tensor_storage` tells tensors that share memory apart by their storage's
+    data pointer (torch_xla's tensors, which have none, get a special case). A tpu tensor's PyTorch storage
+    has no data pointer either (its data is a JAX array), so every tpu tensor looked like one shared
+    storage and `save_pretrained` of a tpu model failed with "The weights trying to be saved contained
+    shared tensors". Fix: for hf_tpu's tensors, the identity of the device buffer they read (shared by
+    views and tied weights, as a data pointer is)."""
+    orig = mod.id_tensor_storage
+    if getattr(orig, "_hf_tpu_patched", False):
+        return
+
+    @functools.wraps(orig)
+    def id_tensor_storage(tensor: Any) -> Any:
+        if getattr(tensor, "device", None) is not None and tensor.device.type == "tpu" \
+                and _tpu_served_by_hf_tpu():
+            from hf_tpu import tensor as T
+
+            # (the size slot: 0, as the buffer identity alone is unique and reading a lazy buffer's
+            # size would load it)
+            return (tensor.device, T.storage_identity(tensor), 0)
+        return orig(tensor)
+
+    id_tensor_storage._hf_tpu_patched = True  # type: ignore[attr-defined]
+    mod.id_tensor_storage = id_tensor_storage
+    _mark("tpu_storage_identity")
+
+
 # ------------------------------------------------------------------------------------------ the import hook
 _TARGETS: dict[str, list[Callable[[Any], None]]] = {
     "accelerate.utils.modeling": [_patch_accelerate_max_memory],
-    "transformers.modeling_utils": [_patch_device_map_check, _patch_allocator_warmup, _patch_checkpoint_reading,
-                                    _patch_checkpoint_errors],
+    "transformers.modeling_utils": [_patch_device_map_check, _patch_allocator_warmup, _patch_checkpoint_errors],
     "transformers.core_model_loading": [_patch_materialize_to_tpu],
+    "transformers.pytorch_utils": [_patch_storage_identity],
 }
 
 

@@ -14,6 +14,8 @@ the source tensor's logical (row-major) frame, which is the frame `as_strided_in
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -23,13 +25,34 @@ from hf_tpu import dtypes
 
 
 class Buffer:
-    """Device memory shared by a tensor and its views; `version` moves on every write."""
+    """Device memory shared by a tensor and its views; `version` moves on every write.
 
-    __slots__ = ("array", "version")
+    The array may come later: a Buffer made with a `loader` calls it on first use, as a CPU tensor over a
+    memory-mapped checkpoint reads its pages on first use (see patches._cpu_to_tpu)."""
 
-    def __init__(self, array: Any) -> None:
-        self.array = array
+    __slots__ = ("_array", "_loader", "version")
+
+    def __init__(self, array: Any = None, loader: Callable[[], Any] | None = None) -> None:
+        self._array = array
+        self._loader = loader
         self.version = 0
+
+    @property
+    def array(self) -> Any:
+        a = self._array
+        if a is None:
+            with _load_lock:  # two threads' first uses must not read (and allocate) twice
+                if self._array is None:
+                    self._array, self._loader = self._loader(), None  # type: ignore[misc]
+            a = self._array
+        return a
+
+    @array.setter
+    def array(self, value: Any) -> None:
+        self._array, self._loader = value, None
+
+
+_load_lock = threading.Lock()
 
 
 class Payload:
@@ -57,6 +80,13 @@ def wrap(array: Any, dtype: torch.dtype | None = None) -> torch.Tensor:
     return t
 
 
+def wrap_lazy(shape: tuple[int, ...], dtype: torch.dtype, loader: Callable[[], Any]) -> torch.Tensor:
+    """A new tpu tensor whose array `loader()` makes on first use (it must return that shape and dtype)."""
+    t = _create(shape, dtype)
+    t.untyped_storage()._hf_tpu = Payload(Buffer(loader=loader))
+    return t
+
+
 def payload(t: torch.Tensor) -> Payload:
     try:
         return t.untyped_storage()._hf_tpu
@@ -65,6 +95,13 @@ def payload(t: torch.Tensor) -> Payload:
             f"hf_tpu: this {t.device} tensor has no data attached (shape {tuple(t.shape)}); it was made by "
             "a path that bypassed the tpu backend. Please report it with the code that made the tensor."
         ) from None
+
+
+def storage_identity(t: torch.Tensor) -> int:
+    """The identity of the device buffer `t` reads: equal for a tensor, its views and its aliases, as a
+    storage's data pointer is for a CPU tensor (a tpu tensor's PyTorch storage has no data pointer).
+    Never loads a lazy buffer."""
+    return id(payload(t).buf)
 
 
 def is_tpu(t: Any) -> bool:
@@ -156,19 +193,25 @@ def view_reshape(src: torch.Tensor, size: list[int]) -> torch.Tensor:
     return make_view(src, size, idx)
 
 
-def from_cpu(t: torch.Tensor) -> Any:
+def from_cpu(t: torch.Tensor, adopt: bool = False) -> Any:
     """A CPU tensor's value as a JAX array: one copy (jnp.asarray measured two). The copy is made in numpy
-    because on XLA:CPU device_put may alias the numpy buffer, which the CPU tensor could later change."""
+    because on XLA:CPU device_put may alias the numpy buffer, which the CPU tensor could later change.
+    `adopt=True` is for a buffer nobody else will touch (a tensor just read from a checkpoint): the array
+    then shares its memory where XLA can (XLA:CPU, aligned data), and no copy is made. JAX arrays are
+    immutable and hf_tpu donates no buffers, so the shared memory is only ever read."""
     from hf_tpu import runtime
 
     jax = runtime.jax()
     dtypes.check(t.dtype)
     t = t.detach().resolve_conj().resolve_neg()
     if t.dtype == torch.bfloat16:
-        # numpy has no bfloat16: move the bits, then reinterpret them
-        bits = t.contiguous().view(torch.int16).numpy()
-        return jax.device_put(np.array(bits, copy=True)).view(jax.numpy.bfloat16)
-    return jax.device_put(np.array(t.contiguous().numpy(), copy=True))
+        import ml_dtypes  # JAX's own numpy bfloat16
+
+        # torch will not hand numpy a bfloat16 array: move the bits, then view them as ml_dtypes' bfloat16
+        host = t.contiguous().view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+    else:
+        host = t.contiguous().numpy()
+    return jax.device_put(host, may_alias=True) if adopt else jax.device_put(np.array(host, copy=True))
 
 
 def to_cpu(array: Any, dtype: torch.dtype) -> torch.Tensor:

@@ -76,6 +76,9 @@ def load_op_table() -> tuple[dict[Any, Any], dict[Any, Any]]:
     jax_lowerings maps OpOverload/OpOverloadPacket -> torchax Operator whose `func` works on jax arrays;
     torch_decompositions maps ops to pure-torch decompositions (they re-dispatch on our tensors)."""
     with _tolerant_torch():
+        from hf_tpu import runtime
+
+        runtime.add_fast_compile_flags()  # before torchax imports JAX
         # torchax turns off MHA's fast path on import (it uses sparse helpers torchax lacks); we do the same
         # for the same reason, so that is not undone.
         import torchax  # noqa: F401

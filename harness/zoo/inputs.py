@@ -164,6 +164,13 @@ def time_series_inputs(config: Any, params: dict[str, Any], g: torch.Generator) 
     return out
 
 
+def decision_inputs(ids: torch.Tensor) -> dict[str, Any]:
+    """Decision heads (JEV) score the options of questions asked in one prompt: one question of each type
+    (noul, score, choice), marked at a token of the prompt, with a few options each."""
+    marks = torch.tensor([[ids.shape[1] // 4, ids.shape[1] // 2, ids.shape[1]]])  # 1-based: the token before
+    return {"marks": marks, "num_options": torch.tensor([[2, 3, 4]]), "question_type_ids": torch.tensor([[0, 1, 2]])}
+
+
 def forward_params(model: torch.nn.Module) -> dict[str, inspect.Parameter]:
     return dict(inspect.signature(model.forward).parameters)
 
@@ -204,7 +211,9 @@ def build_inputs(model: torch.nn.Module, config: Any, model_class: str, seed: in
             out["pixel_values"] = torch.randn(b, n, c, h, w, generator=g)
     if "pixel_values_videos" in params and "pixel_values" not in params:
         c, h, w = image_hw(config)
-        out["pixel_values_videos"] = torch.randn(BATCH, 4, c, h, w, generator=g)
+        frames = find(config, "num_frames")  # a clip length the model's temporal positions are sized for
+        frames = int(frames) if _is_int(frames) and 0 < frames <= 16 else 4
+        out["pixel_values_videos"] = torch.randn(BATCH, frames, c, h, w, generator=g)
     if "qformer_input_ids" in params and "input_ids" in out:
         # InstructBLIP's Q-Former reads the instruction too, in its own (BERT) vocabulary
         qformer = getattr(config, "qformer_config", None) or config
@@ -214,6 +223,8 @@ def build_inputs(model: torch.nn.Module, config: Any, model_class: str, seed: in
         # LXMERT-style: pre-extracted region features and their boxes
         out["visual_feats"] = torch.randn(BATCH, 8, find(config, "visual_feat_dim") or 2048, generator=g)
         out["visual_pos"] = torch.rand(BATCH, 8, find(config, "visual_pos_dim") or 4, generator=g)
+    if {"marks", "num_options", "question_type_ids"} <= params.keys() and "input_ids" in out:
+        out.update(decision_inputs(out["input_ids"]))
     if "input_values" in params:
         out.update(audio_values(config, g))
     if "input_features" in params:
@@ -255,7 +266,7 @@ def grid_vision_inputs(config: Any, g: torch.Generator, grid: int = 4) -> dict[s
     """Qwen-VL-style inputs: flattened patches plus `image_grid_thw` (one 1 x grid x grid image per row)."""
     vc = getattr(config, "vision_config", None) or config
     patch = find(vc, "patch_size") or 14
-    temporal = find(vc, "temporal_patch_size") or 1
+    temporal = find(vc, "temporal_patch_size") or find(vc, "patch_temporal") or 1
     channels = find(vc, "in_channels") or find(vc, "num_channels") or 3
     merge = find(vc, "spatial_merge_size") or 1
     grid = max(grid, 2 * merge)
@@ -314,6 +325,40 @@ def fit_placeholders(model: torch.nn.Module, config: Any, inputs: dict[str, Any]
                 inputs = {**inputs, "pixel_values": inputs["pixel_values"].unsqueeze(1)}  # (batch, images, c, h, w)
                 continue
             return inputs
+    return inputs
+
+
+# A (batch, samples) waveform where the model wanted (batch, channels, samples): a conv read it as one unbatched
+# (channels=batch, samples) input, or the model indexed or checked a channel dimension.
+_WANTS_CHANNELS = re.compile(r"expected input\[1, \d+, \d+\] to have \d+ channels|must be mono, but got \d+|"
+                             r"too many indices for tensor of dimension 2")
+
+
+_WANTS_MULTIPLE = re.compile(r"length (\d+) is not a multiple of (\d+)")
+
+
+def fit_waveform(model: torch.nn.Module, inputs: dict[str, Any], tries: int = 2) -> dict[str, Any]:
+    """Waveform models disagree on (batch, samples) vs (batch, 1, samples), and neither their configs nor
+    their docstrings say which reliably; some want whole frames of a hop only their feature extractor knows.
+    Run the model once; when the failure says it wanted a channel dimension, add one, and when it names the
+    multiple the length must be, pad to it. Any other outcome leaves the inputs as they are."""
+    for _ in range(tries):
+        values = inputs.get("input_values")
+        if not isinstance(values, torch.Tensor) or values.dim() != 2:
+            return inputs
+        try:
+            with torch.no_grad():
+                model(**inputs)
+            return inputs
+        except Exception as exc:  # the forward is only a probe here
+            if _WANTS_CHANNELS.search(str(exc)):
+                return {**inputs, "input_values": values.unsqueeze(1)}
+            m = _WANTS_MULTIPLE.search(str(exc))
+            if not (m and int(m.group(1)) == values.shape[-1]):
+                return inputs
+            multiple = int(m.group(2))
+            pad = -values.shape[-1] % multiple  # zero padding, like the feature extractors do
+            inputs = {**inputs, "input_values": torch.nn.functional.pad(values, (0, pad))}
     return inputs
 
 

@@ -84,8 +84,6 @@ R_STAGE_DEPTHS = _rx(r"depths", r"num_layers_per_stage", r"layers", r"block_laye
                      r"depth", r"blocks_per_stage")
 R_STAGE_HEADS = _rx(r"num_heads", r"num_attention_heads", r"heads", r"attention_heads", r"encoder_attention_heads",
                     r"num_heads_per_stage", r"num_attention_heads_per_stage")
-# Channel lists of one network that chain into each other (stage i's out is stage i+1's in): one common scale.
-R_CHANNEL_CHAIN = _rx(r"stem_channels", r"stage_.*_channels")
 # Scaling factors of EfficientNet/MobileNet-style families (channel and repeat multipliers).
 _MULTIPLIERS = {"width_coefficient": 0.25, "depth_coefficient": 0.5, "width_multiplier": 0.25}
 # Lists whose length is a stage/feature count that must not be cut even if it equals the layer count.
@@ -157,23 +155,6 @@ def _shrink_int_list(key: str, v: list[int], size: Size) -> list[int] | None:
     return None
 
 
-def _scale_channel_chain(d: dict[str, Any], size: Size) -> set[str]:
-    """Scale the chained channel lists (HGNet's stem/stage in/mid/out) by one factor so that equal widths stay
-    equal, the widest to 16 x stage_width; returns the keys done."""
-    keys = [k for k, v in d.items() if R_CHANNEL_CHAIN.match(k) and isinstance(v, list) and v
-            and all(_is_int(x) for x in v)]
-    if keys:  # the per-stage widths (a classifier's input) are the same channels
-        keys += [k for k, v in d.items() if R_STAGE_WIDTHS.match(k) and isinstance(v, list) and v
-                 and all(_is_int(x) for x in v)]
-    top = max((x for k in keys for x in d[k]), default=0)
-    if top <= 64 * size.stage_width:  # narrow already; nested block configs may repeat these widths
-        return set(keys)
-    scale = 16 * size.stage_width / top
-    for k in keys:
-        d[k] = [max(8, int(round(x * scale / 8)) * 8) if x > 8 else x for x in d[k]]
-    return set(keys)
-
-
 def _cut_layer_list(v: list[Any], n: int) -> list[Any]:
     """Cut a per-layer list to `n` entries keeping one layer of each kind (hybrid models need all kinds)."""
     if all(isinstance(x, str) for x in v):
@@ -221,7 +202,6 @@ def shrink_dict(d: dict[str, Any], size: Size = Size(), model_type: str | None =
     if isinstance(d.get("depths"), (list, tuple)) and len(d["depths"]) >= 3:
         # hierarchical (Swin-like) widths double per stage: start narrow so the last stage stays small
         size = dataclasses.replace(size, hidden=min(size.hidden, 2 * size.stage_width))
-    keep |= _scale_channel_chain(d, size)
     for k, v in list(d.items()):
         if _is_subconfig(k, v):
             d[k] = shrink_dict(v, size, _top=False)
@@ -237,11 +217,14 @@ def shrink_dict(d: dict[str, Any], size: Size = Size(), model_type: str | None =
                 d[k] = new
 
     _fix_stage_lists(d, old)
+    _fix_stage_channels(d, old)
     _fix_width_copies(d, old)
     _fix_layer_lists(d, old, old_layers, size)
     _fix_out_indices(d, old, old_layers)
     _fix_feature_layers(d)
     _fix_grid_pinpoints(d)
+    _fix_feature_maps(d, old)
+    _fix_codec_widths(d)
     _fix_heads(d, old)
     if _top:
         _fix_token_ids(d)
@@ -285,7 +268,7 @@ def _fix_layer_lists(d: dict[str, Any], old: dict[str, Any], old_layers: int | N
         d[k] = "".join(_cut_layer_list(list(d[k]), n))
     for k, v in list(d.items()):
         # explicit indices of the layers of one kind (attention layers of a Mamba hybrid): keep one, the last
-        if k.endswith("layer_indices") and isinstance(v, (list, tuple)) and v and all(_is_int(x) for x in v) \
+        if k.endswith(("layer_indices", "layer_ids")) and isinstance(v, (list, tuple)) and v and all(_is_int(x) for x in v) \
                 and max(v) >= n:
             d[k] = sorted({min(x, n - 1) for x in v})[-1:]
     for k in per_layer:
@@ -332,32 +315,138 @@ def _fix_stage_lists(d: dict[str, Any], old: dict[str, Any]) -> None:
     """A stem width that was the first stage's width stays so; block indices stay inside the fewer blocks."""
     for k, v in d.items():
         if R_STAGE_WIDTHS.match(k) and isinstance(v, list) and v and isinstance(old.get(k), list) and v != old[k]:
-            for hk in ("hidden_size", "embed_dim", "embedding_size"):
+            for hk in ("hidden_size", "embed_dim", "embedding_size", "stem_out_channels"):
                 if _is_int(d.get(hk)) and old.get(hk) == old[k][0]:
                     d[hk] = v[0]
-    depths = next((d[k] for k in d if R_STAGE_DEPTHS.match(k) and isinstance(d[k], list)
-                   and all(_is_int(x) for x in d[k])), None)
+    depth_key = next((k for k in d if R_STAGE_DEPTHS.match(k) and isinstance(d[k], list)
+                      and all(_is_int(x) for x in d[k])), None)
     blocks = d.get("global_attention_blocks")
-    if depths and isinstance(blocks, list) and blocks and all(_is_int(x) for x in blocks):
-        d["global_attention_blocks"] = sorted({min(x, sum(depths) - 1) for x in blocks})
+    if depth_key and isinstance(blocks, list) and blocks and all(_is_int(x) for x in blocks):
+        _move_global_blocks(d, depth_key, old.get(depth_key), blocks)
     if isinstance(d.get("window_size_per_stage"), list):
         d["window_size_per_stage"] = [min(x, 2) if _is_int(x) else x for x in d["window_size_per_stage"]]
 
 
 def _fix_width_copies(d: dict[str, Any], old: dict[str, Any]) -> None:
-    """A list repeating one hidden width ([256, 256, 256] = d_model per feature level) follows that width, and so
-    does a group count equal to it."""
+    """A list repeating one hidden width ([256, 256, 256] = d_model per feature level, a DETR decoder's inputs =
+    the encoder's hidden width) follows that width, and so does a group count equal to it."""
     for k, v in list(d.items()):
         if not (isinstance(v, list) and v and v == old.get(k) and all(_is_int(x) for x in v) and len(set(v)) == 1):
             continue
         width = next((d[h] for h in d if R_HIDDEN.match(h) and _is_int(d[h]) and old.get(h) == v[0] != d[h]), None)
         if width is not None:
             d[k] = [width] * len(v)
-    hidden = next((h for h in ("hidden_size", "d_model") if _is_int(d.get(h))), None)
+    hidden = next((h for h in ("hidden_size", "d_model", "n_embd", "embed_dim", "dim") if _is_int(d.get(h))), None)
     for k, v in list(d.items()):
-        # depthwise convolutions: one group per channel of the hidden width
+        # depthwise convolutions (Mimi-style upsampling): one group per channel of the hidden width
         if hidden and k.endswith("_groups") and _is_int(v) and v == old.get(hidden) != d[hidden]:
             d[k] = d[hidden]
+
+
+def _move_global_blocks(d: dict[str, Any], depth_key: str, old_depths: Any, blocks: list[int]) -> None:
+    """Global-attention block indices keep their stage and their place in it: a block that was not the first
+    of its stage stays so (Hiera's first block of a stage pools its queries with a window, which a global
+    block does not have), giving that stage a second block if needed."""
+    depths = list(d[depth_key])
+    if not (isinstance(old_depths, list) and len(old_depths) == len(depths)):
+        d["global_attention_blocks"] = sorted({min(x, sum(depths) - 1) for x in blocks})
+        return
+    places = set()
+    for x in blocks:
+        stage = next((i for i in range(len(old_depths)) if x < sum(old_depths[: i + 1])), len(old_depths) - 1)
+        offset = min(x - sum(old_depths[:stage]), 1)  # first block of the stage, or a later one
+        depths[stage] = max(depths[stage], offset + 1)
+        places.add((stage, offset))
+    d[depth_key] = depths
+    d["global_attention_blocks"] = sorted(sum(depths[:stage]) + offset for stage, offset in places)
+
+
+def _fix_codec_widths(d: dict[str, Any]) -> None:
+    """Neural audio codec encoders double their base width at each downsampling stage: cap the base so the
+    deepest stage stays 128 channels wide."""
+    ratios = next((d[k] for k in ("downsampling_ratios", "upsampling_ratios") if isinstance(d.get(k), (list, tuple))
+                   and d[k]), None)
+    if ratios is None:
+        return
+    for k in ("num_filters", "encoder_hidden_size"):
+        if _is_int(d.get(k)):
+            d[k] = max(1, min(d[k], 128 >> len(ratios)))
+
+
+def _side(v: Any) -> int | None:
+    """One side of an image size given as an int or [h, w]."""
+    if isinstance(v, (list, tuple)) and v and _is_int(v[-1]):
+        v = v[-1]
+    return v if _is_int(v) and v > 0 else None
+
+
+def _fix_feature_maps(d: dict[str, Any], old: dict[str, Any]) -> None:
+    """Sizes derived from the image or from a sub-config's widths follow them: a patch grid side
+    (image_size / patch_size), feature-map sides of a backbone (scaled with its image) and an FPN's input
+    channels (the backbone's stage widths, deepest first)."""
+    if _is_int(old.get("image_size")) and not _is_int(d.get("patch_size")):
+        # an image size that repeats a sub-config's (its vision tower's) follows that one's patch rounding
+        same = [new.get("image_size") for new, was in _paired_subconfigs(d, old) if was.get("image_size") ==
+                old["image_size"] and _is_int(new.get("image_size"))]
+        if same:
+            d["image_size"] = min(same)
+    image, patch = _side(d.get("image_size")), _side(d.get("patch_size"))
+    old_image, old_patch = _side(old.get("image_size")), _side(old.get("patch_size"))
+    if image and patch and old_image and old_patch and old.get("image_embedding_size") == old_image // old_patch:
+        d["image_embedding_size"] = image // patch
+    backbone, old_backbone = d.get("backbone_config"), old.get("backbone_config")
+    if not (isinstance(backbone, dict) and isinstance(old_backbone, dict)):
+        return
+    image, old_image = _side(backbone.get("image_size")), _side(old_backbone.get("image_size"))
+    patch, old_patch = _side(backbone.get("patch_size")), _side(old_backbone.get("patch_size"))
+    if image and old_image and patch and patch == old_patch:
+        image, old_image = image // patch, old_image // patch  # scale whole patch grids
+    sizes = d.get("backbone_feature_sizes")
+    if image and old_image and isinstance(sizes, list) and all(isinstance(x, list) for x in sizes):
+        d["backbone_feature_sizes"] = [[max(1, x * image // old_image) for x in hw] for hw in sizes]
+    widths, old_widths = backbone.get("hidden_sizes"), old_backbone.get("hidden_sizes")
+    enc = old.get("encoder_in_channels")
+    if isinstance(widths, list) and isinstance(old_widths, list) and isinstance(enc, list) and enc \
+            and len(enc) <= len(old_widths) and enc == old_widths[-len(enc):]:
+        d["encoder_in_channels"] = widths[-len(enc):]  # DETR-style encoders read the last backbone stages
+    channels = d.get("backbone_channel_list")
+    for key in ("embed_dim_per_stage", "hidden_sizes", "embed_dims"):
+        widths, old_widths = backbone.get(key), old_backbone.get(key)
+        if isinstance(channels, list) and isinstance(widths, list) and isinstance(old_widths, list) \
+                and channels == old_widths[::-1]:
+            d["backbone_channel_list"] = widths[::-1]
+
+
+def _paired_subconfigs(d: dict[str, Any], old: dict[str, Any]) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    """(shrunk, original) pairs of every sub-config below `d`."""
+    out = []
+    for k, v in d.items():
+        if _is_subconfig(k, v) and isinstance(old.get(k), dict):
+            out += [(v, old[k])] + _paired_subconfigs(v, old[k])
+    return out
+
+
+_STAGE_CHANNELS = re.compile(r"^(stem|stage)_(\w+_)?channels$")
+
+
+def _fix_stage_channels(d: dict[str, Any], old: dict[str, Any]) -> None:
+    """HGNet-style per-stage in/mid/out channel lists chain into each other (a stage's input is the previous
+    one's output, the first's is the stem's): scale them all by one factor, the one that shrank the last stage
+    width they report in `hidden_sizes`, so the chain and that report stay equal. Layers per block follow the
+    depths."""
+    keys = [k for k, v in d.items() if _STAGE_CHANNELS.match(k) and isinstance(v, list) and v
+            and all(_is_int(x) for x in v)]
+    if "stage_in_channels" not in keys:
+        return  # other families give their widths in block tables that these lists must keep matching
+    widths, old_widths, outs = d.get("hidden_sizes"), old.get("hidden_sizes"), old.get("stage_out_channels")
+    if isinstance(widths, list) and widths and isinstance(outs, list) and old_widths and old_widths[-1] == outs[-1]:
+        factor = old_widths[-1] / widths[-1]
+    else:
+        factor = max(1.0, max(max(d[k]) for k in keys) / 256)
+    for k in keys:
+        d[k] = [max(1, round(x / factor)) if x > 8 else x for x in d[k]]
+    if isinstance(d.get("stage_numb_of_layers"), list):
+        d["stage_numb_of_layers"] = [min(x, 2) if _is_int(x) else x for x in d["stage_numb_of_layers"]]
 
 
 def _fix_feature_layers(d: dict[str, Any]) -> None:
@@ -445,17 +534,28 @@ def _fix_heads(d: dict[str, Any], old: dict[str, Any]) -> None:
     if all(_is_int(d.get(k)) and _is_int(old.get(k)) for k in ("num_heads", "head_dim", "expand")) and hidden and \
             old["num_heads"] * old["head_dim"] == old["expand"] * old_hidden_of(old):
         d["head_dim"] = max(1, d["expand"] * hidden // d["num_heads"])  # Mamba-2: heads tile expand * hidden
-    for groups_key, heads_of in (("n_groups", "num_heads"), ("mamba_n_groups", "mamba_n_heads")):
+    for groups_key, heads_of in (("n_groups", "num_heads"), ("mamba_n_groups", "mamba_n_heads"),
+                                 ("n_groups", "mamba_num_heads")):
         if _is_int(d.get(groups_key)) and _is_int(d.get(heads_of)):
             g = min(d[groups_key], d[heads_of])  # SSM groups must divide the SSM heads
             while g > 1 and d[heads_of] % g:
                 g -= 1
             d[groups_key] = g
-    mamba = ("mamba_n_heads", "mamba_d_head", "mamba_expand")
-    if all(_is_int(d.get(k)) and _is_int(old.get(k)) for k in mamba) and hidden and \
-            old["mamba_n_heads"] * old["mamba_d_head"] == old["mamba_expand"] * old_hidden_of(old):
-        # Mamba-2 heads must tile the expanded inner size
-        d["mamba_d_head"] = max(1, d["mamba_expand"] * hidden // d["mamba_n_heads"])
+    for n_heads, d_head, expand in (("mamba_n_heads", "mamba_d_head", "mamba_expand"),
+                                    ("n_mamba_heads", "mamba_headdim", "mamba_expand")):
+        if all(_is_int(d.get(k)) and _is_int(old.get(k)) for k in (n_heads, d_head, expand)) and hidden and \
+                old[n_heads] * old[d_head] == old[expand] * old_hidden_of(old):
+            # Mamba-2 heads must tile the expanded inner size
+            d[d_head] = max(1, d[expand] * hidden // d[n_heads])
+    if _is_int(d.get("pooler_output_size")) and hidden and old["pooler_output_size"] == old_hidden_of(old):
+        d["pooler_output_size"] = hidden  # ViT's pooler keeps the width that dual encoders project from
+    if _is_int(d.get("attention_hidden_size")) and hidden and old_hidden_of(old) and \
+            old["attention_hidden_size"] % old_hidden_of(old) == 0:
+        # Zamba's shared attention reads [hidden, embeddings] concatenated: a multiple of hidden
+        d["attention_hidden_size"] = hidden * (old["attention_hidden_size"] // old_hidden_of(old))
+        if heads_key and _is_int(d.get("attention_head_dim")) and _is_int(old.get(heads_key)) and \
+                old.get("attention_head_dim", 0) * old[heads_key] == old["attention_hidden_size"]:
+            d["attention_head_dim"] = d["attention_hidden_size"] // d[heads_key]
     if all(_is_int(d.get(k)) for k in ("qk_head_dim", "qk_nope_head_dim", "qk_rope_head_dim")) and \
             old["qk_head_dim"] == old["qk_nope_head_dim"] + old["qk_rope_head_dim"]:
         d["qk_head_dim"] = d["qk_nope_head_dim"] + d["qk_rope_head_dim"]

@@ -9,7 +9,7 @@ import torch
 
 from harness.zoo import budget, overrides
 from harness.zoo.entry import BuiltEntry, ZooBuildError, ZooEntry
-from harness.zoo.inputs import build_inputs, fit_placeholders, placeholder_id
+from harness.zoo.inputs import build_inputs, fit_placeholders, fit_waveform, placeholder_id
 from harness.zoo.shrink import Size, shrink_dict
 
 
@@ -83,10 +83,16 @@ def finish(entry: ZooEntry, model: torch.nn.Module, config: Any, seed: int, n: i
     rule = overrides.rule_for(entry.model_type)
     try:
         inputs = build_inputs(model, config, entry.model_class, seed)
-        if rule.inputs is not None:  # before the placeholder probe, which needs inputs the model accepts
+        if rule.inputs is not None:  # before the probes, which need inputs the model accepts
             inputs = rule.inputs(model, config, inputs, seed)
-        if any(placeholder_id(config, kind) is not None for kind in ("image", "video", "audio")):
-            inputs = fit_placeholders(model, config, inputs)
+        placeholders = any(placeholder_id(config, kind) is not None for kind in ("image", "video", "audio"))
+        for _ in range(2):  # a multimodal model reports a waveform problem only once its images fit
+            before = inputs
+            inputs = fit_waveform(model, inputs)
+            if placeholders:
+                inputs = fit_placeholders(model, config, inputs)
+            if inputs is before:
+                break
     except ZooBuildError:
         raise
     except Exception as exc:
@@ -97,7 +103,9 @@ def finish(entry: ZooEntry, model: torch.nn.Module, config: Any, seed: int, n: i
 def config_for_class(cls: type, config: Any) -> Any:
     """The config `cls` takes, from the tiny config of its model_type. Some classes listed under a model_type
     take another config class: a sub-config of it (a decoder-only or text-only head of a composite model),
-    or a wrapper whose `text_config` is the model_type's config (a head on top of a whole model)."""
+    or a wrapper whose only sub-config, `text_config`, is any model's config (a head on top of a whole model).
+    Otherwise the model_type's own config is kept (some families reuse another's classes with a compatible
+    config)."""
     from transformers import PreTrainedConfig
 
     wanted = getattr(cls, "config_class", None)
@@ -112,11 +120,11 @@ def config_for_class(cls: type, config: Any) -> Any:
         if isinstance(c, wanted):
             return c
         todo += [v for v in vars(c).values() if isinstance(v, PreTrainedConfig)]
+    from transformers import AutoConfig
+
+    if getattr(wanted, "sub_configs", None) != {"text_config": AutoConfig}:
+        return config  # not a wrapper of any one model (composite configs of other families are duck-typed)
     fields = {f.name for f in dataclasses.fields(wanted)} if dataclasses.is_dataclass(wanted) else set()
-    if "text_config" not in fields or set(getattr(wanted, "sub_configs", {}) or {}) - {"text_config"}:
-        # not a head wrapping a whole model: a sibling composite (Gemma3ForConditionalGeneration under
-        # shieldgemma2) takes the model_type's own config
-        return config
     extra: dict[str, Any] = {}
     hidden = getattr(text_config_of(config), "hidden_size", None)
     if "hidden_size" in fields and hidden:
