@@ -22,7 +22,8 @@ def _is_int(v: Any) -> bool:
 
 
 def find(config: Any, key: str, subs: tuple[str, ...] = ("vision_config", "text_config", "audio_config",
-                                                         "encoder", "backbone_config", "encoder_config")) -> Any:
+                                                         "encoder", "backbone_config", "encoder_config",
+                                                         "model_config")) -> Any:
     """`config.key`, else the first sub-config that has it (None if nowhere)."""
     v = getattr(config, key, None)
     if v is not None:
@@ -95,6 +96,15 @@ def text_inputs(config: Any, params: dict[str, Any], model_class: str, g: torch.
     return out
 
 
+def layout_boxes(config: Any, shape: tuple[int, ...], g: torch.Generator) -> torch.Tensor:
+    """One (x0, y0, x1, y1) box per token for document-layout models, x0 <= x1 and y0 <= y1, in the 0..1000
+    page coordinates their 2-D position embeddings index."""
+    top = min(1000, (find(config, "max_2d_position_embeddings") or 1024) - 1)
+    corners = torch.randint(0, top + 1, (*shape, 2, 2), generator=g)  # two (x, y) points
+    low, high = corners.min(dim=-2).values, corners.max(dim=-2).values
+    return torch.cat([low, high], dim=-1)
+
+
 def decoder_inputs(config: Any, g: torch.Generator) -> dict[str, Any]:
     dec = getattr(config, "decoder", None) or text_config(config)
     return {"decoder_input_ids": random_tokens(dec, (BATCH, DECODER_SEQ), g)}
@@ -132,6 +142,9 @@ def audio_features(config: Any, g: torch.Generator) -> dict[str, Any]:
         return {"input_features": torch.randn(BATCH, 64, per_channel * channels, generator=g)}
     # w2v-BERT-style encoders stack frames: their projection input is a multiple of feature_size
     size = find(config, "feature_projection_input_dim") or find(config, "feature_size") or mel or 80
+    stacked = find(config, "num_stacked_frames")
+    if _is_int(stacked) and mel and size == mel:
+        size = mel * stacked  # low-frame-rate features: stacked mel frames (Fun-ASR)
     return {"input_features": torch.randn(BATCH, 64, size, generator=g)}
 
 
@@ -169,6 +182,8 @@ def build_inputs(model: torch.nn.Module, config: Any, model_class: str, seed: in
     out: dict[str, Any] = {}
     if "input_ids" in params:
         out.update(text_inputs(config, params, model_class, g))
+    if "bbox" in params and "input_ids" in out:
+        out["bbox"] = layout_boxes(config, out["input_ids"].shape, g)
     derives_decoder = model_class.endswith(("ForSequenceClassification", "ForQuestionAnswering"))
     if "decoder_input_ids" in params and getattr(config, "is_encoder_decoder", False) and not derives_decoder:
         out.update(decoder_inputs(config, g))
@@ -181,6 +196,19 @@ def build_inputs(model: torch.nn.Module, config: Any, model_class: str, seed: in
         out.update({key: grid["pixel_values"], "grid_thw": grid["image_grid_thw"]})
     elif "pixel_values" in params:
         out.update(vision_inputs(config, model_class, g))
+    grid = getattr(config, "image_grid_pinpoints", None)
+    if "image_sizes" in params and getattr(out.get("pixel_values"), "dim", lambda: 0)() == 4 and \
+            (grid or _vision_tower_takes(model, "image_sizes")):
+        # "any resolution" models and Pixtral towers cut each image to its (height, width) and have no default
+        # (a CLIP tower under LLaVA takes no sizes: passing them switches LLaVA to the Pixtral path)
+        out["image_sizes"] = torch.tensor([list(out["pixel_values"].shape[-2:])] * BATCH)
+        if isinstance(grid, list) and grid:
+            # "any resolution" models take (batch, tiles, c, h, w): the base image plus the tiles of the best grid
+            from transformers.models.llava_next.modeling_llava_next import image_size_to_num_patches
+
+            b, c, h, w = out["pixel_values"].shape
+            n = image_size_to_num_patches((h, w), grid, h)
+            out["pixel_values"] = torch.randn(b, n, c, h, w, generator=g)
     if "pixel_values_videos" in params and "pixel_values" not in params:
         c, h, w = image_hw(config)
         frames = find(config, "num_frames")  # a clip length the model's temporal positions are sized for
@@ -201,14 +229,37 @@ def build_inputs(model: torch.nn.Module, config: Any, model_class: str, seed: in
         out.update(audio_values(config, g))
     if "input_features" in params:
         out.update(audio_features(config, g))
+    if "latents" in params and getattr(model, "main_input_name", None) == "latents":
+        # a neural codec's decoder on its own: continuous latents (batch, hidden_size, frames)
+        out["latents"] = torch.randn(BATCH, int(find(config, "hidden_size") or 64), 8, generator=g)
     if "past_values" in params:
         out.update(time_series_inputs(config, params, g))
+    # a composite built without a tower (Gemma 4's default config has neither vision nor audio) is text-only
+    if _built_without(model, "vision_tower", "embed_vision"):
+        out = {k: v for k, v in out.items() if not k.startswith(("pixel_values", "image_"))}
+    if _built_without(model, "audio_tower", "embed_audio"):
+        out.pop("input_features", None)
     for mask in ("feature_attention_mask", "input_features_mask"):
         if mask in params and "input_features" in out:
             feats = out["input_features"]
             out[mask] = torch.ones(feats.shape[0], feats.shape[-1] if feats.shape[1] == find(config, "num_mel_bins")
                                    else feats.shape[1], dtype=torch.long)
     return out
+
+
+def _built_without(model: torch.nn.Module, *towers: str) -> bool:
+    """Whether `model` (or its inner `model`) has one of the attributes `towers` set to None: that modality is
+    absent."""
+    return any(t in vars(m) and getattr(m, t) is None for m in (model, getattr(model, "model", None))
+               if isinstance(m, torch.nn.Module) for t in towers)
+
+
+def _vision_tower_takes(model: torch.nn.Module, param: str) -> bool:
+    """Whether a vision tower inside `model` (vision_tower, vision_encoder...) has `param` in its forward."""
+    for name, module in model.named_modules():
+        if "vision" in name.rsplit(".", 1)[-1] and param in forward_params(module):
+            return True
+    return False
 
 
 def grid_vision_inputs(config: Any, g: torch.Generator, grid: int = 4) -> dict[str, Any]:
@@ -224,7 +275,8 @@ def grid_vision_inputs(config: Any, g: torch.Generator, grid: int = 4) -> dict[s
             "image_grid_thw": torch.tensor([[1, grid, grid]] * BATCH)}
 
 
-_PLACEHOLDER = re.compile(r"(Image|Video|Audio) features and \w+ tokens do not match[,:] tokens: (\d+), features:? (\d+)")
+_PLACEHOLDER = re.compile(r"(Image|Video|Audio|Multimodal) features and \w+ tokens do not match[,:] tokens: (\d+), "
+                          r"features:? (\d+)")
 
 
 def placeholder_id(config: Any, kind: str) -> int | None:
@@ -252,10 +304,14 @@ def fit_placeholders(model: torch.nn.Module, config: Any, inputs: dict[str, Any]
         except Exception as exc:  # the forward is only a probe here
             m = _PLACEHOLDER.search(str(exc))
             if m and m.group(2) == "0":
-                token = placeholder_id(config, m.group(1).lower())
+                kind = m.group(1).lower()
+                if kind == "multimodal":  # the message does not say which: the first modality without placeholders
+                    kind = next((k for k in ("image", "video", "audio") if k in _given_modalities(inputs)
+                                 and not _has_placeholders(config, inputs, k)), "image")
+                token = placeholder_id(config, kind)
                 count = int(m.group(3))
-                if m.group(1) == "Image":
-                    count = _image_feature_rows(model, inputs) or count
+                if kind in ("image", "audio"):
+                    count = _feature_rows(model, inputs, kind) or count
                 if token is None or count % BATCH:
                     return inputs
                 inputs = _prefix_tokens(inputs, token, count // BATCH)
@@ -306,10 +362,24 @@ def fit_waveform(model: torch.nn.Module, inputs: dict[str, Any], tries: int = 2)
     return inputs
 
 
-def _image_feature_rows(model: torch.nn.Module, inputs: dict[str, Any]) -> int | None:
-    """Rows of image features the model will scatter into placeholders, asked of `get_image_features`
-    (some models' mismatch message reports elements, not rows)."""
-    get = getattr(model, "get_image_features", None) or getattr(getattr(model, "model", None), "get_image_features", None)
+def _given_modalities(inputs: dict[str, Any]) -> set[str]:
+    kinds = {"pixel_values": "image", "pixel_values_videos": "video", "input_features": "audio", "input_values": "audio"}
+    return {kind for key, kind in kinds.items() if key in inputs}
+
+
+def _has_placeholders(config: Any, inputs: dict[str, Any], kind: str) -> bool:
+    token = placeholder_id(config, kind)
+    return token is not None and bool((inputs["input_ids"] == token).any())
+
+
+def _feature_rows(model: torch.nn.Module, inputs: dict[str, Any], kind: str) -> int | None:
+    """Rows of image or audio features the model will scatter into placeholders, asked of
+    `get_{kind}_features` (some models' mismatch message reports elements or batch rows, not feature rows)."""
+    name = f"get_{kind}_features"
+    # a head's (*args, **kwargs) wrapper names no inputs: ask the inner model's, which does
+    gets = [g for g in (getattr(model, name, None), getattr(getattr(model, "model", None), name, None)) if g]
+    named = [g for g in gets if any(p.kind == p.POSITIONAL_OR_KEYWORD for p in inspect.signature(g).parameters.values())]
+    get = (named or gets or [None])[0]
     if get is None:
         return None
     params = inspect.signature(get).parameters

@@ -56,15 +56,18 @@ R_HIDDEN = _rx(r"hidden_size", r"d_model", r"n_embd", r"embed_dim", r"dim", r"hi
                r"projection_hidden_size", r"q_lora_rank", r"kv_lora_rank", r"hidden_channels",
                r"mm_hidden_size", r"adapter_hidden_size", r"d_latents", r".*_hidden_dim", r".*_embedding_dim",
                r"codebook_dim", r".*_projection_dim", r"hidden_size_.*", r"projection_size", r"lru_width",
-               r"upsample_initial_channel", r"xvector_output_dim", r"speech_decoder_postnet_units", r"proj_dim", r"d_state_hidden", r"latent_dim")
+               r"upsample_initial_channel", r"xvector_output_dim", r"speech_decoder_postnet_units", r"proj_dim", r"d_state_hidden", r"latent_dim",
+               r"condition_dim", r".*_hidden_dimension", r"adapter_(in|out)_dim", r"projector_(input|output)_dim", r"vision_output_dim",
+               r".*_predictor_channels", r"latent_channels",
+               r"adapter_input_size")
 R_INTERMEDIATE = _rx(r"intermediate_size", r"ffn_dim", r".*_ffn_dim", r"n_inner", r"d_ff", r"ffn_hidden_size",
                      r"mlp_dim", r"moe_intermediate_size", r"shared_expert_intermediate_size", r"d_inner",
                      r"feed_forward_size", r".*_intermediate_size", r"intermediate_dim", r"mlp_hidden_size",
                      r".*_ffn_hidden_size", r"encoder_ffn_dim", r"decoder_ffn_dim", r"dim_feedforward",
-                     r".*_feedforward_dim", r"intermediate_size_.*", r"mlp_ratio_dim")
+                     r".*_feedforward_dim", r"intermediate_size_.*", r"mlp_ratio_dim", r"(.*_)?linear_units")
 R_EXPERTS = _rx(r"num_experts", r"num_local_experts", r"n_routed_experts", r"moe_num_experts", r"num_experts_per_layer",
-                r"n_experts", r"num_routed_experts")
-R_TOP_K = _rx(r"num_experts_per_tok", r"moe_topk", r"top_k", r"num_selected_experts", r"moe_k", r"n_group",
+                r"n_experts", r"num_routed_experts", r"zero_expert_num")
+R_TOP_K = _rx(r"num_experts_per_tok", r"moe_topk", r"top_k", r"num_selected_experts", r"moe_k", r"n_group", r"num_expert_group",
               r"topk_group", r"num_experts_per_token")
 R_VOCAB = _rx(r"vocab_size", r".*_vocab_size", r"vocab_size_.*", r".*_vocab", r"num_(bpe|wordpiece|character)_labels", r"codebook_size", r"num_codes", r"n_codes", r"num_embeddings")
 R_TOKEN_ID = re.compile(r".*(_token_id|_token_index|_token_ids|_token)$")
@@ -74,7 +77,8 @@ R_IMAGE = _rx(r"image_size", r"img_size", r"input_size", r"image_resolution")
 R_STAGE_WIDTHS = _rx(r"hidden_sizes", r"embed_dims", r"dims", r"embedding_sizes", r"channels", r"hidden_dims",
                      r"neck_hidden_sizes", r"encoder_hidden_sizes", r"conv_dim", r"block_out_channels",
                      r"stage_channels", r"widths", r"out_channels_list", r"decoder_hidden_sizes",
-                     r"encoder_hidden_dims", r"tdnn_dim", r"embed_dim", r"embed_dim_per_stage")
+                     r"encoder_hidden_dims", r"tdnn_dim", r"embed_dim", r"embed_dim_per_stage",
+                     r"post_process_channels")
 R_STAGE_DEPTHS = _rx(r"depths", r"num_layers_per_stage", r"layers", r"block_layers", r"stage_depths",
                      r"num_blocks_per_stage", r"block_repeats", r"encoder_layers_per_stage", r"stage_num_blocks",
                      r"depth", r"blocks_per_stage")
@@ -119,6 +123,8 @@ def _shrink_int(key: str, v: int, d: dict[str, Any], size: Size) -> int:
         patch = d.get("patch_size") if _is_int(d.get("patch_size")) and d["patch_size"] > 0 else 16
         # a whole number of patches (at least 2 per side), close to size.image
         return min(v, patch * max(2, size.image // patch))
+    if key == "base_channels":
+        return min(v, 32)  # VQ-GAN encoders multiply it per resolution level (up to x4 or x8)
     if key in ("num_filters", "codebook_dim_base"):
         return min(v, 8)  # audio codecs double this base width at every downsampling stage
     if key in ("max_img_size",):
@@ -212,9 +218,11 @@ def shrink_dict(d: dict[str, Any], size: Size = Size(), model_type: str | None =
 
     _fix_stage_lists(d, old)
     _fix_stage_channels(d, old)
+    _fix_width_copies(d, old)
     _fix_layer_lists(d, old, old_layers, size)
     _fix_out_indices(d, old, old_layers)
     _fix_feature_layers(d)
+    _fix_grid_pinpoints(d)
     _fix_feature_maps(d, old)
     _fix_codec_widths(d)
     _fix_heads(d, old)
@@ -244,6 +252,9 @@ def _fix_layer_lists(d: dict[str, Any], old: dict[str, Any], old_layers: int | N
                 and max(int(x) for x in v) >= n:
             first = sorted(v, key=int)[0]
             sub = {kk: (_shrink_int(kk, vv, v[first], size) if _is_int(vv) else vv) for kk, vv in v[first].items()}
+            if _is_int(sub.get("num_key_value_heads")) and v[first].get("num_key_value_heads") == \
+                    v[first].get("num_attention_heads"):
+                sub["num_key_value_heads"] = sub["num_attention_heads"]  # multi-head stays multi-head
             d[k] = {str(n - 1).zfill(len(first)): sub}
     per_layer = [k for k, v in d.items() if isinstance(v, (list, tuple)) and len(v) == old_layers
                  and k not in _KEEP_LENGTH and not R_STAGE_WIDTHS.match(k) and not R_STAGE_HEADS.match(k)]
@@ -316,6 +327,22 @@ def _fix_stage_lists(d: dict[str, Any], old: dict[str, Any]) -> None:
         d["window_size_per_stage"] = [min(x, 2) if _is_int(x) else x for x in d["window_size_per_stage"]]
 
 
+def _fix_width_copies(d: dict[str, Any], old: dict[str, Any]) -> None:
+    """A list repeating one hidden width ([256, 256, 256] = d_model per feature level, a DETR decoder's inputs =
+    the encoder's hidden width) follows that width, and so does a group count equal to it."""
+    for k, v in list(d.items()):
+        if not (isinstance(v, list) and v and v == old.get(k) and all(_is_int(x) for x in v) and len(set(v)) == 1):
+            continue
+        width = next((d[h] for h in d if R_HIDDEN.match(h) and _is_int(d[h]) and old.get(h) == v[0] != d[h]), None)
+        if width is not None:
+            d[k] = [width] * len(v)
+    hidden = next((h for h in ("hidden_size", "d_model", "n_embd", "embed_dim", "dim") if _is_int(d.get(h))), None)
+    for k, v in list(d.items()):
+        # depthwise convolutions (Mimi-style upsampling): one group per channel of the hidden width
+        if hidden and k.endswith("_groups") and _is_int(v) and v == old.get(hidden) != d[hidden]:
+            d[k] = d[hidden]
+
+
 def _move_global_blocks(d: dict[str, Any], depth_key: str, old_depths: Any, blocks: list[int]) -> None:
     """Global-attention block indices keep their stage and their place in it: a block that was not the first
     of its stage stays so (Hiera's first block of a stage pools its queries with a window, which a global
@@ -382,9 +409,6 @@ def _fix_feature_maps(d: dict[str, Any], old: dict[str, Any]) -> None:
     if isinstance(widths, list) and isinstance(old_widths, list) and isinstance(enc, list) and enc \
             and len(enc) <= len(old_widths) and enc == old_widths[-len(enc):]:
         d["encoder_in_channels"] = widths[-len(enc):]  # DETR-style encoders read the last backbone stages
-    dec, hidden = old.get("decoder_in_channels"), old.get("encoder_hidden_dim")
-    if isinstance(dec, list) and dec and _is_int(hidden) and all(x == hidden for x in dec):
-        d["decoder_in_channels"] = [d["encoder_hidden_dim"]] * len(dec)  # ... and the decoder the encoder's maps
     channels = d.get("backbone_channel_list")
     for key in ("embed_dim_per_stage", "hidden_sizes", "embed_dims"):
         widths, old_widths = backbone.get(key), old_backbone.get(key)
@@ -443,6 +467,19 @@ def _fix_feature_layers(d: dict[str, Any]) -> None:
             d[key] = [clamp(x) for x in v]
 
 
+def _fix_grid_pinpoints(d: dict[str, Any]) -> None:
+    """LLaVA-NeXT-style "any resolution" grids are multiples of the vision tower's image size: rescale them to
+    the shrunk size and keep the grids of at most 2 tiles (each tile is one more pass of the vision tower)."""
+    grid, vision = d.get("image_grid_pinpoints"), d.get("vision_config")
+    size = vision.get("image_size") if isinstance(vision, dict) else None
+    if not (isinstance(grid, list) and grid and _is_int(size)
+            and all(isinstance(p, (list, tuple)) and len(p) == 2 and all(_is_int(x) and x > 0 for x in p) for p in grid)):
+        return
+    unit = math.gcd(*[x for p in grid for x in p])
+    small = [[h // unit * size, w // unit * size] for h, w in grid if (h // unit) * (w // unit) <= 2]
+    d["image_grid_pinpoints"] = small or [[size, size]]
+
+
 def _fix_heads(d: dict[str, Any], old: dict[str, Any]) -> None:
     hidden = next((d[k] for k in ("hidden_size", "d_model", "n_embd", "embed_dim", "dim") if _is_int(d.get(k))), None)
     heads_key = next((k for k in ("num_attention_heads", "n_head", "n_heads", "num_heads", "encoder_attention_heads")
@@ -458,6 +495,11 @@ def _fix_heads(d: dict[str, Any], old: dict[str, Any]) -> None:
         old_hidden = next((old[k] for k in ("hidden_size", "d_model", "n_embd", "embed_dim", "dim") if _is_int(old.get(k))), 0)
         if _is_int(d.get("d_head")) and _is_int(old.get("d_head")) and old["d_head"] * old[heads_key] == old_hidden:
             d["d_head"] = hidden // heads
+        if all(_is_int(d.get(k)) and _is_int(old.get(k)) for k in ("coordinate_size", "shape_size")) and \
+                4 * old["coordinate_size"] + 2 * old["shape_size"] == old_hidden:
+            # LayoutLMv3 concatenates x0, y0, x1, y1 and h, w embeddings into one hidden vector
+            d["coordinate_size"] = hidden // 6
+            d["shape_size"] = (hidden - 4 * d["coordinate_size"]) // 2
         if "head_dim" in d and d["head_dim"] is None:
             d["head_dim"] = hidden // heads  # some classes leave it None and never derive it
         # A head_dim that was hidden/heads must stay so (many attention impls assume it).
@@ -483,6 +525,11 @@ def _fix_heads(d: dict[str, Any], old: dict[str, Any]) -> None:
                         x -= 1
                     out.append(x)
                 d[k] = out
+    for kv_key in [k for k in d if R_KV_HEADS.match(k) and k.startswith(("encoder_", "decoder_"))]:
+        # encoder/decoder pairs: multi-head attention (kv heads == heads) stays so (Moonshine assumes it)
+        heads_of = kv_key.replace("key_value_heads", "attention_heads")
+        if _is_int(d[kv_key]) and _is_int(d.get(heads_of)) and old.get(kv_key) == old.get(heads_of):
+            d[kv_key] = d[heads_of]
     _fix_mrope(d)
     if all(_is_int(d.get(k)) and _is_int(old.get(k)) for k in ("num_heads", "head_dim", "expand")) and hidden and \
             old["num_heads"] * old["head_dim"] == old["expand"] * old_hidden_of(old):
@@ -502,8 +549,6 @@ def _fix_heads(d: dict[str, Any], old: dict[str, Any]) -> None:
             d[d_head] = max(1, d[expand] * hidden // d[n_heads])
     if _is_int(d.get("pooler_output_size")) and hidden and old["pooler_output_size"] == old_hidden_of(old):
         d["pooler_output_size"] = hidden  # ViT's pooler keeps the width that dual encoders project from
-    if _is_int(d.get("upsample_groups")) and hidden and old["upsample_groups"] == old_hidden_of(old):
-        d["upsample_groups"] = hidden  # Mimi-style depthwise upsampling: one group per channel
     if _is_int(d.get("attention_hidden_size")) and hidden and old_hidden_of(old) and \
             old["attention_hidden_size"] % old_hidden_of(old) == 0:
         # Zamba's shared attention reads [hidden, embeddings] concatenated: a multiple of hidden
@@ -514,6 +559,8 @@ def _fix_heads(d: dict[str, Any], old: dict[str, Any]) -> None:
     if all(_is_int(d.get(k)) for k in ("qk_head_dim", "qk_nope_head_dim", "qk_rope_head_dim")) and \
             old["qk_head_dim"] == old["qk_nope_head_dim"] + old["qk_rope_head_dim"]:
         d["qk_head_dim"] = d["qk_nope_head_dim"] + d["qk_rope_head_dim"]
+        if _is_int(d.get("head_dim")) and old.get("head_dim") == old["qk_head_dim"]:
+            d["head_dim"] = d["qk_head_dim"]  # the rotary part is head_dim * partial_rotary_factor
     # top-k experts never above the number of experts
     experts = next((d[k] for k in d if R_EXPERTS.match(k) and _is_int(d[k])), None)
     if experts:

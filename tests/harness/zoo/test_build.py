@@ -94,3 +94,21 @@ def test_overrides_apply(full):
 
     assert tiny_config("xmod").default_language == "en_XX"
     assert tiny_config("gemma3").mm_tokens_per_image == 4
+
+
+def test_tower_class_gets_its_own_sub_config():
+    from harness.zoo.transformers_zoo import config_for_class, model_class, tiny_config
+
+    # Llama4TextModel is listed under model_type llama4 but is built from the text sub-config.
+    config = tiny_config("llama4")
+    assert config_for_class(model_class("Llama4TextModel"), config) is config.text_config
+    assert config_for_class(model_class("Llama4ForConditionalGeneration"), config) is config
+
+
+def test_sibling_composite_class_takes_the_model_types_config():
+    from harness.zoo.transformers_zoo import config_for_class, model_class, tiny_config
+
+    # Gemma3ForConditionalGeneration is listed under shieldgemma2, whose config it accepts as is; it must not be
+    # wrapped as the text config of a new (unshrunk) Gemma3Config.
+    config = tiny_config("shieldgemma2")
+    assert config_for_class(model_class("Gemma3ForConditionalGeneration"), config) is config
