@@ -86,3 +86,21 @@ def test_errors_still_name_the_op():
     torch.randn(3).to("tpu") + torch.randn(3).to("tpu")  # a plan for add exists
     with pytest.raises(RuntimeError):
         a + b
+
+
+def test_a_lowering_replaced_at_run_time_is_honoured(monkeypatch):
+    from hf_tpu import lowering, op_jit
+
+    x = torch.randn(5).to("tpu")
+    torch.testing.assert_close(torch.exp(x).cpu(), torch.exp(x.cpu()))  # a plan for exp exists now
+    real = lowering.find
+
+    def find(op):
+        fn = real(op)
+        return (lambda *a, **k: fn(*a, **k) + 1) if op is torch.ops.aten.exp.default else fn
+
+    monkeypatch.setattr(lowering, "find", find)
+    monkeypatch.setattr(op_jit, "_programs", {})  # programs are keyed by op: jitted ones keep their lowering
+    torch.testing.assert_close(torch.exp(x).cpu(), torch.exp(x.cpu()) + 1)
+    monkeypatch.undo()  # the real lowering and the programs jitted from it
+    torch.testing.assert_close(torch.exp(x).cpu(), torch.exp(x.cpu()))
