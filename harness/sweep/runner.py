@@ -191,6 +191,27 @@ def run_entry(entry, modes: tuple[str, ...], opts: SweepOptions, device: Device,
 
 DIAGNOSED = ("fail_accuracy", "fail_to_run", "compile_fail")
 
+# A Diffusers pipeline is compiled the way Diffusers documents it (`pipe.unet = torch.compile(pipe.unet)`):
+# its denoiser, not the Python `__call__` with its scheduler loop, CPU generator and numpy post-processing,
+# which users do not compile and Dynamo does not trace as one graph (it failed on the CPU timestep reaching
+# UNet2D's time embedding: "Tensor device mismatch").
+DENOISERS = ("unet", "transformer", "prior", "decoder")
+
+
+def compile_for_sweep(call: Callable, model, backend: str) -> Callable:
+    """`call` compiled for the compiled mode: the whole call, or for a pipeline (`model` is the entry's own
+    copy, so it may be changed) its denoiser modules, with `call` itself left eager."""
+    import torch
+
+    components = getattr(model, "components", None)
+    if isinstance(components, dict):
+        denoisers = [n for n in DENOISERS if isinstance(components.get(n), torch.nn.Module)]
+        for name in denoisers:
+            setattr(model, name, torch.compile(components[name], backend=backend, dynamic=False))
+        if denoisers:
+            return call
+    return torch.compile(call, backend=backend, dynamic=False)
+
 
 def diagnose(entry, built, mode: str, opts: SweepOptions, ref: dict, fp64: dict | None, overrides) -> dict:
     """`--diagnose`: located_module, located_op and repro_path for a failing row (harness.diagnose; never raises)."""
@@ -216,7 +237,7 @@ def run_mode(mode: str, built, ref: dict, fp64: dict | None, opts: SweepOptions,
             import torch._dynamo
 
             torch._dynamo.reset()  # `call` is shared by all entries: no guards or cache carried over
-            fn = torch.compile(built.call, backend=device.compile_backend, dynamic=False)
+            fn = compile_for_sweep(built.call, model, device.compile_backend)
         with torch.no_grad(), backend_phase():
             torch.manual_seed(opts.seed)
             phase = "first"

@@ -54,3 +54,30 @@ def test_skip_override_and_bfloat16(cpu_opts, tmp_path):
     cpu_opts.dtype = "bfloat16"
     _, rows = _run("pass", cpu_opts, modes=("eager",))
     assert rows["eager"]["status"] == "pass" and rows["eager"]["dtype"] == "bfloat16"
+
+
+def test_compiled_pipeline_compiles_its_denoiser_and_matches_cpu(tmp_path):
+    """A Diffusers pipeline's compiled mode compiles the denoiser (as Diffusers documents), not __call__."""
+    from harness.sweep.options import SweepOptions
+    from harness.zoo import load_zoo
+
+    (entry,) = [e for e in load_zoo("smoke") if e.id == "diffusers/pipeline/DDPMPipeline"]
+    opts = SweepOptions(zoo="smoke", device="tpu", out=str(tmp_path / "run"), run_id="t", timeout=300,
+                        memory_cap_gb=4, progress="none", repeats=1, precision="highest")
+    events = []
+    run_entry(entry, ("compiled",), opts, get_device("tpu"), lambda k, p: events.append((k, p)))
+    (row,) = [p for k, p in events if k == "row"]
+    assert row["status"] == "pass", row
+    assert row["compilations"] >= 1 and row["graph_breaks"] == 0
+
+
+def test_compile_for_sweep_leaves_plain_calls_whole():
+    import torch
+
+    from harness.sweep.runner import compile_for_sweep
+
+    def call(model, inputs):
+        return model(**inputs)
+
+    model = torch.nn.Linear(2, 2)
+    assert compile_for_sweep(call, model, "tpu") is not call  # a plain model: the whole call is compiled
