@@ -235,17 +235,17 @@ def _cpu_fallback(op: Any, args: tuple, kwargs: dict) -> Any:
     return pytree.tree_map_only(torch.Tensor, lambda t: T.wrap(T.from_cpu(t), t.dtype), res)
 
 
-def _promote_integral_inputs(op: Any, args: tuple, kwargs: dict, jargs: tuple, jkwargs: dict) -> tuple:
-    """Integer or bool inputs of an op whose result PyTorch makes floating (sigmoid, rsqrt, true
-    division): promote them first, as PyTorch does; JAX's float functions reject integer arrays."""
+def _integral_promotion(op: Any, args: tuple, kwargs: dict) -> Any:
+    """The JAX dtype to promote all inputs to first, or None. Integer or bool inputs of an op whose result
+    PyTorch makes floating (sigmoid, rsqrt, true division) are promoted, as PyTorch does; JAX's float
+    functions reject integer arrays."""
     tensors = [x for x in _leaves(args, kwargs) if isinstance(x, torch.Tensor)]
     if not tensors or any(t.is_floating_point() or t.is_complex() for t in tensors):
-        return jargs, jkwargs
+        return None
     expected = _meta_dtypes(op, args, kwargs)
     if not expected or expected[0] is None or not expected[0].is_floating_point:
-        return jargs, jkwargs
-    want = dtypes.to_jax(expected[0])
-    return _map(lambda x: x.astype(want) if _is_array(x) else x, jargs, jkwargs)
+        return None
+    return dtypes.to_jax(expected[0])
 
 
 # ------------------------------------------------------------------------------------ the fast path
@@ -270,7 +270,7 @@ class _Plan:
                                                                                 out_dtype, cast_to)
 
 
-_plans: dict[Any, _Plan | None] = {}
+_plans: dict[Any, _Plan] = {}
 
 
 def _describe(x: Any) -> Any:
@@ -347,11 +347,9 @@ def _run_functional(op: Any, args: tuple, kwargs: dict) -> tuple[Any, _Plan | No
             return _cpu_fallback(op, args, kwargs), None
         raise lowering.NoLowering(op)
     jargs, jkwargs = _map(functools.partial(_unwrap, op), args, kwargs)
-    promoted = _promote_integral_inputs(op, args, kwargs, jargs, jkwargs)
-    promote_to = None
-    if promoted[0] is not jargs:
-        promote_to = next((x.dtype for x in _leaves(*promoted) if _is_array(x)), None)
-    jargs, jkwargs = promoted
+    promote_to = _integral_promotion(op, args, kwargs)
+    if promote_to is not None:
+        jargs, jkwargs = _map(lambda x: x.astype(promote_to) if _is_array(x) else x, jargs, jkwargs)
     try:
         res, program = op_jit.call_with_program(op, fn, jargs, jkwargs, precision.current(),
                                                 not lowering.is_random(op))

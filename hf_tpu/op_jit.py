@@ -16,6 +16,8 @@ import os
 from collections.abc import Callable
 from typing import Any
 
+import torch
+
 # HF_TPU_EAGER_JIT=0 runs lowerings primitive by primitive (JAX's own eager mode) instead.
 ENABLED = os.environ.get("HF_TPU_EAGER_JIT", "1") != "0"
 _untraceable: set[Any] = set()
@@ -58,7 +60,7 @@ def call_with_program(op: Any, fn: Callable[..., Any], args: tuple, kwargs: dict
     sk_args = tuple(skeleton(a) for a in args)
     sk_kwargs = tuple(sorted((k, skeleton(v)) for k, v in kwargs.items()))
     # the default dtype too: a factory without a dtype is traced with it
-    key = (op, sk_args, sk_kwargs, precision, _default_dtype())
+    key = (op, sk_args, sk_kwargs, precision, torch.get_default_dtype())
     try:
         prog = _programs.get(key)
     except TypeError:  # an unhashable static argument
@@ -70,12 +72,6 @@ def call_with_program(op: Any, fn: Callable[..., Any], args: tuple, kwargs: dict
     except _tracer_errors():
         _untraceable.add(op)
         return fn(*args, **kwargs), None
-
-
-def _default_dtype() -> Any:
-    import torch
-
-    return torch.get_default_dtype()
 
 
 class _Slot:

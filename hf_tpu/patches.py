@@ -28,6 +28,7 @@ import functools
 import importlib.util
 import os
 import sys
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -279,18 +280,15 @@ class _OpenFile:
             pass
 
 
-_open_files: dict[tuple[int, int], Any] = {}  # (device, inode) -> weakref to _OpenFile
+_open_files: weakref.WeakValueDictionary[tuple[int, int], _OpenFile] = weakref.WeakValueDictionary()
 
 
 def _open_file(path: str) -> _OpenFile:
-    import weakref
-
+    """One open file per (device, inode), shared by the lazy tensors that read it; closed after the last."""
     st = os.stat(path)
-    ref = _open_files.get((st.st_dev, st.st_ino))
-    f = ref() if ref is not None else None
+    f = _open_files.get((st.st_dev, st.st_ino))
     if f is None:
-        f = _OpenFile(path)
-        _open_files[(st.st_dev, st.st_ino)] = weakref.ref(f)
+        f = _open_files[(st.st_dev, st.st_ino)] = _OpenFile(path)
     return f
 
 
@@ -345,12 +343,12 @@ def _patch_checkpoint_errors(mod: Any) -> None:
     which shard). Fix: re-raise as `CheckpointFileError` (an OSError) naming the file, the original chained."""
     if getattr(mod.safe_open, "_hf_tpu_patched", False):
         return
-    mod._hf_tpu_orig_safe_open = mod.safe_open
+    orig_open = mod.safe_open
     orig_load = mod.load_state_dict
 
     def safe_open(filename: Any, *args: Any, **kwargs: Any) -> Any:
         try:
-            return mod._hf_tpu_orig_safe_open(filename, *args, **kwargs)
+            return orig_open(filename, *args, **kwargs)
         except Exception as exc:
             raise CheckpointFileError(filename, exc) from exc
 
