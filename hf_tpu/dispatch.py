@@ -82,7 +82,7 @@ _CPU_INDEX_OK = {"index", "index_put", "index_put_", "_index_put_impl_", "_unsaf
 def _unwrap(op: Any, x: Any) -> Any:
     if isinstance(x, torch.Tensor):
         if x.device.type == "tpu":
-            return T.value(x)
+            return T.operand(x)  # a view stays geometry: the op's program reads it (op_jit)
         if x.dim() == 0 or op.__name__.split(".")[0] in _CPU_INDEX_OK:
             return T.from_cpu(x)  # a CPU scalar tensor acts as a scalar, as on CUDA
         raise _mixed_device_error(op, x)
@@ -273,9 +273,17 @@ class _Plan:
 _plans: dict[Any, _Plan] = {}
 
 
-def _describe(x: Any) -> Any:
+def _describe(x: Any, arrays: list[Any]) -> Any:
     if isinstance(x, torch.Tensor):
-        return (x.dtype, x.dim() == 0) if x.device.type == "tpu" else _NOT_PLANNABLE
+        if x.device.type != "tpu":
+            return _NOT_PLANNABLE
+        # the operand is taken once, here: whether a view is handed over as geometry depends on its cache
+        o = T.operand(x)
+        if type(o) is T.Operand:
+            arrays.append(o.array)
+            return (x.dtype, x.dim() == 0, o.key)
+        arrays.append(o)
+        return (x.dtype, x.dim() == 0)
     if isinstance(x, _SCALARS):
         if x != x:  # NaN is never equal to itself: as a key it would add a plan on every call
             return _NOT_PLANNABLE
@@ -285,32 +293,25 @@ def _describe(x: Any) -> Any:
     return _NOT_PLANNABLE  # tensor lists, CPU tensors, anything unusual: the general path
 
 
-def _signature(op: Any, args: tuple, kwargs: dict) -> tuple | None:
+def _signature(op: Any, args: tuple, kwargs: dict) -> tuple[tuple | None, list[Any]]:
+    """The plan key, and the tpu tensors' arrays in op_jit's order (positional arguments, then keyword
+    arguments by name): a view's buffer when the program reads the view itself."""
     key = [op, precision.current(), torch.get_default_dtype()]  # factories without a dtype use the default
+    arrays: list[Any] = []
     for x in args:
-        d = _describe(x)
+        d = _describe(x, arrays)
         if d is _NOT_PLANNABLE:
-            return None
+            return None, arrays
         key.append(d)
     for name in sorted(kwargs):
-        d = _describe(kwargs[name])
+        d = _describe(kwargs[name], arrays)
         if d is _NOT_PLANNABLE:
-            return None
+            return None, arrays
         key.append((name, d))
-    return tuple(key)
+    return tuple(key), arrays
 
 
-def _arrays_in_order(args: tuple, kwargs: dict) -> list[Any]:
-    """The tpu tensors' arrays in op_jit's order (positional, then keyword arguments by name)."""
-    out = [T.value(x) for x in args if isinstance(x, torch.Tensor)]
-    for name in sorted(kwargs):
-        if isinstance(kwargs[name], torch.Tensor):
-            out.append(T.value(kwargs[name]))
-    return out
-
-
-def _run_plan(plan: _Plan, args: tuple, kwargs: dict) -> torch.Tensor:
-    arrays = _arrays_in_order(args, kwargs)
+def _run_plan(plan: _Plan, arrays: list[Any]) -> torch.Tensor:
     if plan.promote_to is not None:
         arrays = [a.astype(plan.promote_to) for a in arrays]
     res = plan.program(arrays)
@@ -322,12 +323,12 @@ def _run_plan(plan: _Plan, args: tuple, kwargs: dict) -> torch.Tensor:
 
 
 def run_functional(op: Any, args: tuple, kwargs: dict) -> Any:
-    key = _signature(op, args, kwargs)
+    key, arrays = _signature(op, args, kwargs)
     if key is not None:
         plan = _plans.get(key)
         if plan is not None and plan.fn is lowering.find(op):
             try:
-                return _run_plan(plan, args, kwargs)
+                return _run_plan(plan, arrays)
             except Exception:  # e.g. shapes the program cannot take: the general path raises properly
                 pass
     res, plan = _run_functional(op, args, kwargs)
@@ -349,6 +350,7 @@ def _run_functional(op: Any, args: tuple, kwargs: dict) -> tuple[Any, _Plan | No
     jargs, jkwargs = _map(functools.partial(_unwrap, op), args, kwargs)
     promote_to = _integral_promotion(op, args, kwargs)
     if promote_to is not None:
+        jargs, jkwargs = op_jit.materialise(jargs, jkwargs)
         jargs, jkwargs = _map(lambda x: x.astype(promote_to) if _is_array(x) else x, jargs, jkwargs)
     try:
         res, program = op_jit.call_with_program(op, fn, jargs, jkwargs, precision.current(),
@@ -373,11 +375,14 @@ def _run_functional(op: Any, args: tuple, kwargs: dict) -> tuple[Any, _Plan | No
 
 # ----------------------------------------------------------------------------------- special cases
 def _zeros(size: Any, dtype: torch.dtype | None) -> torch.Tensor:
+    """`empty`: zeros made only if something reads them before a write replaces them (`to("tpu")` is an
+    `empty` then a `copy_`, so a move never allocates the zeros)."""
     from hf_tpu import runtime
 
     dtype = dtypes.check(dtype or torch.get_default_dtype())
-    jnp = runtime.jax().numpy
-    return T.wrap(jnp.zeros(tuple(int(s) for s in size), dtypes.to_jax(dtype)), dtype)
+    shape = tuple(int(s) for s in size)
+    jdt = dtypes.to_jax(dtype)
+    return T.wrap_lazy(shape, dtype, lambda: runtime.jax().numpy.zeros(shape, jdt))
 
 
 def _empty(size: Any, *, dtype: Any = None, device: Any = None, **_: Any) -> torch.Tensor:
@@ -397,7 +402,7 @@ def _copy_from(src: torch.Tensor, dst: torch.Tensor, non_blocking: bool = False)
         else:
             T.assign(dst, T.from_cpu(src))
         return dst
-    dst.copy_(T.to_cpu(T.value(src), src.dtype))
+    T.copy_to_cpu(T.value(src), src.dtype, dst)
     return dst
 
 
@@ -432,17 +437,63 @@ def _view(src: torch.Tensor, size: Any) -> torch.Tensor:
 
 
 def _as_strided(src: torch.Tensor, size: Any, stride: Any, storage_offset: Any = None) -> torch.Tensor:
-    return T.make_view(src, list(size), T.as_strided_index(src, list(size), list(stride), int(storage_offset or 0)))
+    return T.make_view(src, [int(s) for s in size], [int(s) for s in stride], int(storage_offset or 0))
+
+
+_view_geometry: dict[Any, Any] = {}
+
+
+def _geometry(op: Any, src: torch.Tensor, args: tuple, kwargs: dict) -> Any:
+    """Where a view op's result lands in src's logical frame, from its meta kernel: (size, stride, offset),
+    or a list of them. Cached: a forward takes the same views every call, and a meta call costs more than
+    the rest of the view."""
+    try:
+        key = (op, tuple(src.shape), src.dtype, op_jit.freeze(args), op_jit.freeze(sorted(kwargs.items())))
+        hash(key)
+    except TypeError:
+        key = None
+    if key is not None:
+        hit = _view_geometry.get(key)
+        if hit is not None:
+            return hit
+    meta = torch.empty(src.shape, dtype=src.dtype, device="meta")
+    out = op(meta, *args, **kwargs)
+
+    def geo(o: torch.Tensor) -> tuple:
+        return (tuple(o.shape), tuple(o.stride()), o.storage_offset())
+
+    res = [geo(o) for o in out] if isinstance(out, (list, tuple)) else geo(out)
+    if key is not None:
+        _view_geometry[key] = res
+    return res
 
 
 def _generic_view(op: Any, args: tuple, kwargs: dict) -> torch.Tensor:
     """Any other view op: its meta kernel says where the view lands in the source's logical frame."""
     src = args[0]
-    meta = torch.empty(src.shape, dtype=src.dtype, device="meta")
-    out = op(meta, *args[1:], **kwargs)
-    if isinstance(out, (list, tuple)):
-        return type(out)(_as_strided(src, o.shape, o.stride(), o.storage_offset()) for o in out)
-    return _as_strided(src, out.shape, out.stride(), out.storage_offset())
+    g = _geometry(op, src, args[1:], kwargs)
+    if isinstance(g, list):
+        return [T.make_view(src, list(s), list(st), off) for s, st, off in g]
+    return T.make_view(src, list(g[0]), list(g[1]), g[2])
+
+
+def _off_device_factory(op: Any, args: tuple, kwargs: dict) -> Any:
+    """`empty_like(x, device="meta")`, `x.new_zeros(..., device="cpu")` and the like on a tpu `x`: only
+    x's shape and dtype matter, so the op runs on a meta stand-in for x and makes its result where asked."""
+    def meta(x: Any) -> Any:
+        if isinstance(x, torch.Tensor) and x.device.type == "tpu":
+            return torch.empty(x.shape, dtype=x.dtype, device="meta")
+        return x
+
+    margs, mkwargs = _map(meta, args, kwargs)
+    return op(*margs, **mkwargs)
+
+
+@functools.cache
+def _is_like_factory(op: Any) -> bool:
+    name = op.__name__.split(".")[0]
+    return (name.endswith("_like") or name.startswith("new_")) and any(
+        a.name == "device" for a in op._schema.arguments)
 
 
 def _resize_(t: torch.Tensor, size: Any, memory_format: Any = None) -> torch.Tensor:
@@ -489,7 +540,7 @@ SPECIAL: dict[Any, Callable[..., Any]] = {
     aten.view.default: _view,
     aten._unsafe_view.default: _view,
     aten._reshape_alias.default: lambda src, size, stride: _view(src, size),
-    aten.alias.default: lambda src: T.view_reshape(src, list(src.shape)),
+    aten.alias.default: lambda src: T.make_view(src, list(src.shape), list(src.stride()), 0),
     aten.as_strided.default: _as_strided,
     aten.resize_.default: _resize_,
     aten.set_.source_Tensor: _set_source_tensor,
@@ -505,6 +556,9 @@ def dispatch(op: Any, args: tuple, kwargs: dict) -> Any:
         return special(*args, **kwargs)
     kind = _kind(op)
     if kind == "functional":
+        device = kwargs.get("device")
+        if device is not None and torch.device(device).type != "tpu" and _is_like_factory(op):
+            return _off_device_factory(op, args, kwargs)
         return run_functional(op, args, kwargs)
     if kind == "view":
         return _generic_view(op, args, kwargs)

@@ -5,7 +5,8 @@ Used by both modes: eager dispatch (dispatch.py) calls these on concrete arrays,
 
 Hand-written lowerings (torchax 0.0.13 has none for these):
   _fused_sdp_choice  -> 0 (the math kernel), so SDPA decomposes into matmuls that honour tpu precision
-  as_strided         -> gather; functional form for compiled graphs (eager keeps aliasing in tensor.py)
+  as_strided         -> views.read_step (regular ops, or a device-side gather); functional form for
+                        compiled graphs (eager keeps aliasing in tensor.py)
   alias, lift_fresh, _to_copy (dtype only), _unsafe_view, expand_copy identity-like helpers
   zero               -> zeros_like (PyTorch's decomposition of zero_ calls zeros_like, which calls zero_)
 """
@@ -26,9 +27,11 @@ aten = torch.ops.aten
 
 
 def _as_strided(x: Any, size: list[int], stride: list[int], storage_offset: int | None = None) -> Any:
-    from hf_tpu.tensor import strided_positions
+    from hf_tpu import views
 
-    return x.reshape(-1)[strided_positions(size, stride, int(storage_offset or 0))]
+    step = (tuple(size), tuple(stride), int(storage_offset or 0))
+    views.check_bounds(*step, x.size)
+    return views.read_step(x.reshape(-1), step)
 
 
 def _zero(x: Any) -> Any:

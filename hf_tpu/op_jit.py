@@ -18,16 +18,33 @@ from typing import Any
 
 import torch
 
+from hf_tpu.tensor import Operand as _Operand
+
 # HF_TPU_EAGER_JIT=0 runs lowerings primitive by primitive (JAX's own eager mode) instead.
 ENABLED = os.environ.get("HF_TPU_EAGER_JIT", "1") != "0"
 _untraceable: set[Any] = set()
 _programs: dict[Any, Callable[..., Any]] = {}
 
 
-def _freeze(x: Any) -> Any:
+def freeze(x: Any) -> Any:
+    """Lists to tuples, recursively: a hashable form of ATen arguments."""
     if isinstance(x, list | tuple):
-        return tuple(_freeze(v) for v in x)
+        return tuple(freeze(v) for v in x)
     return x
+
+
+def materialise(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """Views handed over as geometry (tensor.Operand), read into arrays: for code that is not a program."""
+    from hf_tpu.tensor import Operand
+
+    def one(x: Any) -> Any:
+        if type(x) is Operand:
+            return x.materialise()
+        if isinstance(x, list | tuple):
+            return type(x)(one(v) for v in x)
+        return x
+
+    return tuple(one(a) for a in args), {k: one(v) for k, v in kwargs.items()}
 
 
 def _is_array(x: Any) -> bool:
@@ -45,14 +62,18 @@ def call_with_program(op: Any, fn: Callable[..., Any], args: tuple, kwargs: dict
     appearance, or None when it ran without one). Callers may call the program again directly for the
     same op and static arguments (dispatch's fast path): jax.jit specialises it to new shapes itself."""
     if not eligible or op in _untraceable or not ENABLED:
-        return fn(*args, **kwargs), None
-    # Split the call into array leaves (traced) and a hashable static skeleton.
+        return _run_plain(fn, args, kwargs), None
+    # Split the call into array leaves (traced) and a hashable static skeleton. A view (tensor.Operand)
+    # is its buffer (traced) plus its geometry (static): the program reads the view itself.
     arrays: list[Any] = []
 
     def skeleton(x: Any) -> Any:
         if _is_array(x):
             arrays.append(x)
             return _Slot
+        if type(x) is _Operand:
+            arrays.append(x.array)
+            return (_OperandSlot, x.key)
         if isinstance(x, list | tuple):
             return (type(x), tuple(skeleton(v) for v in x))
         return x
@@ -64,28 +85,42 @@ def call_with_program(op: Any, fn: Callable[..., Any], args: tuple, kwargs: dict
     try:
         prog = _programs.get(key)
     except TypeError:  # an unhashable static argument
-        return fn(*args, **kwargs), None
+        return _run_plain(fn, args, kwargs), None
     if prog is None:
         prog = _programs[key] = _build(fn, sk_args, sk_kwargs)
     try:
         return prog(arrays), prog
     except _tracer_errors():
         _untraceable.add(op)
-        return fn(*args, **kwargs), None
+        return _run_plain(fn, args, kwargs), None
+
+
+def _run_plain(fn: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+    args, kwargs = materialise(args, kwargs)
+    return fn(*args, **kwargs)
 
 
 class _Slot:
     """Marks where an array argument goes back in."""
 
 
+class _OperandSlot:
+    """Marks where a view goes back in: (_OperandSlot, key) reads it from its buffer inside the program."""
+
+
 def _build(fn: Callable[..., Any], sk_args: tuple, sk_kwargs: tuple) -> Callable[..., Any]:
     from hf_tpu import runtime
+
+    from hf_tpu.tensor import apply_operand
 
     def fill(x: Any, it: Any) -> Any:
         if x is _Slot:
             return next(it)
-        if isinstance(x, tuple) and len(x) == 2 and x[0] in (list, tuple):
-            return x[0](fill(v, it) for v in x[1])
+        if isinstance(x, tuple) and len(x) == 2:
+            if x[0] is _OperandSlot:
+                return apply_operand(next(it), x[1])
+            if x[0] in (list, tuple):
+                return x[0](fill(v, it) for v in x[1])
         return x
 
     def program(arrays: list[Any]) -> Any:

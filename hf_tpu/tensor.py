@@ -3,13 +3,14 @@
 A tpu tensor is an ordinary `torch.Tensor` (PyTorch's documented pure-Python backend pattern), so
 TorchDynamo captures it like any device tensor; its numbers live in a JAX array.
 
-Aliasing is PyTorch's: views share a `Buffer` (one JAX array, the "storage") and address it through an
-index array of flat positions, composed as views of views are taken. The payload hangs off the tensor's
+Aliasing is PyTorch's: views share a `Buffer` (one JAX array, the "storage") and address it through
+their geometry (views.py: size/stride/offset steps, read and written on the device with regular XLA
+ops, composed as views of views are taken; no per-element index). The payload hangs off the tensor's
 UntypedStorage, not the tensor, because PyTorch makes some aliases in C++ without dispatching to us
 (`detach`, `squeeze`, `.data`): those share the StorageImpl, so they find the same payload.
 
 PyTorch sees every tpu tensor as contiguous with storage offset 0; view ops therefore arrive expressed in
-the source tensor's logical (row-major) frame, which is the frame `as_strided_index` interprets them in.
+the source tensor's logical (row-major) frame, which is the frame `views.compose` interprets them in.
 """
 
 from __future__ import annotations
@@ -21,21 +22,25 @@ from typing import Any
 import numpy as np
 import torch
 
-from hf_tpu import dtypes
+from hf_tpu import dtypes, views
 
 
 class Buffer:
     """Device memory shared by a tensor and its views; `version` moves on every write.
 
     The array may come later: a Buffer made with a `loader` calls it on first use, as a CPU tensor over a
-    memory-mapped checkpoint reads its pages on first use (see patches._cpu_to_tpu)."""
+    memory-mapped checkpoint reads its pages on first use (see patches._cpu_to_tpu), and as `empty` on a
+    CUDA device costs nothing until written (a `to("tpu")` is `empty` then `copy_`: the copy replaces the
+    array without the zeros ever being made). `shape` is known without loading."""
 
-    __slots__ = ("_array", "_loader", "version")
+    __slots__ = ("_array", "_loader", "version", "shape")
 
-    def __init__(self, array: Any = None, loader: Callable[[], Any] | None = None) -> None:
+    def __init__(self, array: Any = None, loader: Callable[[], Any] | None = None,
+                 shape: tuple[int, ...] | None = None) -> None:
         self._array = array
         self._loader = loader
         self.version = 0
+        self.shape = tuple(array.shape) if array is not None else tuple(shape)  # type: ignore[arg-type]
 
     @property
     def array(self) -> Any:
@@ -50,19 +55,27 @@ class Buffer:
     @array.setter
     def array(self, value: Any) -> None:
         self._array, self._loader = value, None
+        self.shape = tuple(value.shape)
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for s in self.shape:
+            n *= s
+        return n
 
 
 _load_lock = threading.Lock()
 
 
 class Payload:
-    """What a tensor sees of a Buffer: all of it (index None) or the flat positions in `index`."""
+    """What a tensor sees of a Buffer: all of it (view None) or the geometry in `view` (views.View)."""
 
-    __slots__ = ("buf", "index", "_cache_version", "_cache")
+    __slots__ = ("buf", "view", "_cache_version", "_cache")
 
-    def __init__(self, buf: Buffer, index: np.ndarray | None = None) -> None:
+    def __init__(self, buf: Buffer, view: views.View | None = None) -> None:
         self.buf = buf
-        self.index = index
+        self.view = view
         self._cache_version = -1
         self._cache = None
 
@@ -83,7 +96,7 @@ def wrap(array: Any, dtype: torch.dtype | None = None) -> torch.Tensor:
 def wrap_lazy(shape: tuple[int, ...], dtype: torch.dtype, loader: Callable[[], Any]) -> torch.Tensor:
     """A new tpu tensor whose array `loader()` makes on first use (it must return that shape and dtype)."""
     t = _create(shape, dtype)
-    t.untyped_storage()._hf_tpu = Payload(Buffer(loader=loader))
+    t.untyped_storage()._hf_tpu = Payload(Buffer(loader=loader, shape=tuple(shape)))
     return t
 
 
@@ -112,18 +125,50 @@ def value(t: torch.Tensor) -> Any:
     """The tensor's logical value as a JAX array of its shape."""
     p = payload(t)
     shape = tuple(t.shape)
-    if p.index is None:
+    if p.view is None:
         a = p.buf.array
         return a if a.shape == shape else a.reshape(shape)
     if p._cache_version != p.buf.version:
-        p._cache = p.buf.array.reshape(-1)[p.index.reshape(-1)]
+        p._cache = views.read_program(p.view)(p.buf.array)
         p._cache_version = p.buf.version
     c = p._cache
     return c.reshape(shape) if c.shape != shape else c
 
 
-def _flat_positions(p: Payload, numel: int) -> np.ndarray:
-    return np.arange(numel, dtype=np.int64) if p.index is None else p.index.reshape(-1)
+class Operand:
+    """A tensor handed to a jitted op program as its buffer plus geometry, so that the program reads the
+    view itself (fused into its consumer by XLA) instead of receiving a materialised copy."""
+
+    __slots__ = ("tensor", "array", "key")
+
+    def __init__(self, tensor: torch.Tensor, array: Any, key: tuple) -> None:
+        self.tensor, self.array, self.key = tensor, array, key
+
+    def materialise(self) -> Any:
+        return value(self.tensor)
+
+
+def operand(t: torch.Tensor) -> Any:
+    """What an op program gets for `t`: its array when it is a whole buffer of its shape, else an Operand
+    (a regular view, or a reshape of a buffer) whose `key` is static and whose array is the buffer.
+    A gather view already read since its last write is handed over as that value."""
+    p = payload(t)
+    shape = tuple(t.shape)
+    view = p.view
+    if view is None:
+        if p.buf.shape == shape:
+            return p.buf.array
+        return Operand(t, p.buf.array, (None, shape))
+    if p._cache_version == p.buf.version or not views.fusable(view):
+        return value(t)
+    return Operand(t, p.buf.array, (view, shape))
+
+
+def apply_operand(array: Any, key: tuple) -> Any:
+    """Inside a program: an Operand's value from its buffer array (traceable)."""
+    view, shape = key
+    x = array if view is None else views.read(array, view)
+    return x if x.shape == shape else x.reshape(shape)
 
 
 def assign(t: torch.Tensor, new: Any) -> None:
@@ -138,11 +183,13 @@ def assign(t: torch.Tensor, new: Any) -> None:
         new = jnp.broadcast_to(new, shape)
     p = payload(t)
     buf = p.buf
-    if p.index is None and buf.array.size == new.size:
-        buf.array = new.reshape(buf.array.shape) if buf.array.shape != shape else new
-    else:
+    if p.view is None and buf.numel == new.size:
+        buf.array = new.reshape(buf.shape) if buf.shape != shape else new
+    elif p.view is None:  # a C++ alias of another size over the whole buffer (rare): write its prefix
         flat = buf.array.reshape(-1)
-        buf.array = flat.at[_flat_positions(p, new.size)].set(new.reshape(-1)).reshape(buf.array.shape)
+        buf.array = flat.at[: new.size].set(new.reshape(-1)).reshape(buf.shape)
+    else:
+        buf.array = views.write_program(p.view)(buf.array, new.reshape(views.sizes(p.view)))
     buf.version += 1
 
 
@@ -152,45 +199,23 @@ def replace(t: torch.Tensor, new: Any) -> None:
     t.data = fresh  # shallow-copies size and StorageImpl in C++, so the payload follows
 
 
-def strided_positions(size: list[int], stride: list[int], offset: int) -> np.ndarray:
-    """Row-major element positions that `as_strided(size, stride, offset)` reads, as an array of `size`."""
-    idx = np.full([int(s) for s in size], int(offset), dtype=np.int64)
-    for d, (n, st) in enumerate(zip(size, stride, strict=True)):
-        shape = [1] * len(size)
-        shape[d] = int(n)
-        idx = idx + (np.arange(int(n), dtype=np.int64) * int(st)).reshape(shape)
-    return idx
-
-
-def as_strided_index(src: torch.Tensor, size: list[int], stride: list[int], offset: int) -> np.ndarray:
-    """Flat buffer positions of `src.as_strided(size, stride, offset)`, read in src's logical frame."""
-    idx = strided_positions(size, stride, offset)
+def make_view(src: torch.Tensor, size: list[int], stride: list[int], offset: int) -> torch.Tensor:
+    """A new tensor that aliases src's buffer as `src.as_strided(size, stride, offset)` in src's logical
+    (row-major) frame."""
     p = payload(src)
-    base = _flat_positions(p, src.numel())
-    if idx.size and (idx.min() < 0 or idx.max() >= base.size):
-        raise RuntimeError(
-            f"setStorage: sizes {list(size)}, strides {list(stride)}, storage offset {offset} are out of "
-            f"bounds for a tpu tensor of {base.size} elements"
-        )
-    return base[idx]
-
-
-def make_view(src: torch.Tensor, size: list[int], index: np.ndarray | None) -> torch.Tensor:
-    """A new tensor that aliases src's buffer through `index` (None: the whole buffer, reshaped)."""
-    p = payload(src)
+    view = views.compose(p.view, src.numel(), p.buf.numel, size, stride, offset)
     out = _create(size, src.dtype)
-    if index is not None and index.size == p.buf.array.size and np.array_equal(
-        index.reshape(-1), np.arange(index.size)
-    ):
-        index = None  # the whole buffer in order: read it without a gather
-    out.untyped_storage()._hf_tpu = Payload(p.buf, index)
+    out.untyped_storage()._hf_tpu = Payload(p.buf, view)
     return out
 
 
 def view_reshape(src: torch.Tensor, size: list[int]) -> torch.Tensor:
     p = payload(src)
-    idx = None if p.index is None else p.index.reshape(size)
-    return make_view(src, size, idx)
+    if p.view is None:  # a reshape of the whole buffer: no geometry at all
+        out = _create(size, src.dtype)
+        out.untyped_storage()._hf_tpu = Payload(p.buf, None)
+        return out
+    return make_view(src, size, list(views._contiguous_strides(size)), 0)
 
 
 def from_cpu(t: torch.Tensor, adopt: bool = False) -> Any:
@@ -211,7 +236,23 @@ def from_cpu(t: torch.Tensor, adopt: bool = False) -> Any:
         host = t.contiguous().view(torch.int16).numpy().view(ml_dtypes.bfloat16)
     else:
         host = t.contiguous().numpy()
-    return jax.device_put(host, may_alias=True) if adopt else jax.device_put(np.array(host, copy=True))
+    if adopt:
+        return jax.device_put(host, may_alias=True)
+    # One copy: into a buffer aligned so that XLA:CPU adopts it instead of copying again (device_put with
+    # may_alias=False still aliases a numpy view of torch memory, and reads it asynchronously).
+    buf = aligned_empty(host.nbytes).view(host.dtype).reshape(host.shape)
+    np.copyto(buf, host, casting="no")
+    return jax.device_put(buf, may_alias=True)
+
+
+XLA_ALIGN = 64  # XLA:CPU adopts host memory only at this alignment; it copies anything else
+
+
+def aligned_empty(nbytes: int) -> np.ndarray:
+    """An uninitialised uint8 host buffer of `nbytes` at XLA:CPU's adoption alignment."""
+    raw = np.empty(nbytes + XLA_ALIGN, np.uint8)
+    start = -raw.ctypes.data % XLA_ALIGN
+    return raw[start:start + nbytes]
 
 
 def to_cpu(array: Any, dtype: torch.dtype) -> torch.Tensor:
@@ -220,6 +261,22 @@ def to_cpu(array: Any, dtype: torch.dtype) -> torch.Tensor:
     if dtype == torch.bfloat16:
         return torch.from_numpy(a.view(np.int16).copy()).view(torch.bfloat16)
     return torch.from_numpy(np.array(a, copy=True)).to(dtype)
+
+
+def copy_to_cpu(array: Any, src_dtype: torch.dtype, dst: torch.Tensor) -> None:
+    """Write a JAX array (of a tpu tensor of `src_dtype`) into the CPU tensor `dst`, with no intermediate
+    copy where dtypes and layout allow: np.asarray of an XLA:CPU array is a view of its memory."""
+    if src_dtype == dst.dtype and dst.is_contiguous() and tuple(array.shape) == tuple(dst.shape) \
+            and not dst.is_conj() and not dst.is_neg():
+        a = np.asarray(array)
+        try:
+            d = (dst.view(torch.int16) if dst.dtype == torch.bfloat16 else dst).detach().numpy()
+        except (TypeError, RuntimeError):  # a dtype numpy lacks
+            d = None
+        if d is not None:
+            np.copyto(d, a.view(np.int16) if dst.dtype == torch.bfloat16 else a, casting="no")
+            return
+    dst.copy_(to_cpu(array, src_dtype))
 
 
 def _jnp() -> Any:
