@@ -239,7 +239,7 @@ def register() -> bool:
         return False  # torch_tpu (or another backend) took PrivateUse1 first
     from torch.utils.backend_registration import _setup_privateuseone_for_python_backend
 
-    from hf_tpu import precision
+    from hf_tpu import module_moves, precision
 
     for fn in (_fallback, _direct):
         _never_traced_by_dynamo(fn)
@@ -255,6 +255,7 @@ def register() -> bool:
         op = getattr(getattr(torch.ops.aten, packet), overload or "default")
         _aten_lib.impl(name, functools.partial(_fallback, op), "PrivateUse1")
     precision.install()
+    module_moves.install()
     _registered = True
     return True
 

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from hf_tpu.tensor import Operand as _Operand
+from hf_tpu.tensor import apply_operand
 
 # HF_TPU_EAGER_JIT=0 runs lowerings primitive by primitive (JAX's own eager mode) instead.
 ENABLED = os.environ.get("HF_TPU_EAGER_JIT", "1") != "0"
@@ -35,10 +36,8 @@ def freeze(x: Any) -> Any:
 
 def materialise(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
     """Views handed over as geometry (tensor.Operand), read into arrays: for code that is not a program."""
-    from hf_tpu.tensor import Operand
-
     def one(x: Any) -> Any:
-        if type(x) is Operand:
+        if type(x) is _Operand:
             return x.materialise()
         if isinstance(x, list | tuple):
             return type(x)(one(v) for v in x)
@@ -110,8 +109,6 @@ class _OperandSlot:
 
 def _build(fn: Callable[..., Any], sk_args: tuple, sk_kwargs: tuple) -> Callable[..., Any]:
     from hf_tpu import runtime
-
-    from hf_tpu.tensor import apply_operand
 
     def fill(x: Any, it: Any) -> Any:
         if x is _Slot:
