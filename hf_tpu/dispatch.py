@@ -550,18 +550,41 @@ SPECIAL: dict[Any, Callable[..., Any]] = {
 
 
 # ------------------------------------------------------------------------------------------- entry
-def dispatch(op: Any, args: tuple, kwargs: dict) -> Any:
+# op -> how it is run, decided once per op: a dict lookup per call instead of the schema checks
+# (OpOverload's hash is a Python function, so every extra dict or cache lookup costs a microsecond).
+_routes: dict[Any, Callable[[Any, tuple, dict], Any]] = {}
+
+
+def _route(op: Any) -> Callable[[Any, tuple, dict], Any]:
     special = SPECIAL.get(op)
     if special is not None:
-        return special(*args, **kwargs)
+        return lambda _op, args, kwargs: special(*args, **kwargs)
     kind = _kind(op)
     if kind == "functional":
-        device = kwargs.get("device")
-        if device is not None and torch.device(device).type != "tpu" and _is_like_factory(op):
-            return _off_device_factory(op, args, kwargs)
-        return run_functional(op, args, kwargs)
+        return _run_like_factory if _is_like_factory(op) else run_functional
     if kind == "view":
-        return _generic_view(op, args, kwargs)
+        return _generic_view
+    return _run_mutating
+
+
+def _run_like_factory(op: Any, args: tuple, kwargs: dict) -> Any:
+    device = kwargs.get("device")
+    if device is not None and torch.device(device).type != "tpu":
+        return _off_device_factory(op, args, kwargs)
+    return run_functional(op, args, kwargs)
+
+
+def dispatch(op: Any, args: tuple, kwargs: dict) -> Any:
+    try:
+        route = _routes[op]
+    except KeyError:
+        route = _routes[op] = _route(op)
+    return route(op, args, kwargs)
+
+
+def _run_mutating(op: Any, args: tuple, kwargs: dict) -> Any:
+    """In-place and out= ops: computed functionally, then written into their targets."""
+    kind = _kind(op)
     func = _functional_of(op)
     if func is None:
         if cpu_fallback_enabled():

@@ -153,15 +153,17 @@ def operand(t: torch.Tensor) -> Any:
     (a regular view, or a reshape of a buffer) whose `key` is static and whose array is the buffer.
     A gather view already read since its last write is handed over as that value."""
     p = payload(t)
-    shape = tuple(t.shape)
+    buf = p.buf
+    shape = t.shape  # a torch.Size, equal to the tuple of the same sizes
     view = p.view
     if view is None:
-        if p.buf.shape == shape:
-            return p.buf.array
-        return Operand(t, p.buf.array, (None, shape))
-    if p._cache_version == p.buf.version or not views.fusable(view):
+        a = buf._array
+        if a is None:
+            a = buf.array
+        return a if buf.shape == shape else Operand(t, a, (None, tuple(shape)))
+    if p._cache_version == buf.version or not views.fusable(view):
         return value(t)
-    return Operand(t, p.buf.array, (view, shape))
+    return Operand(t, buf.array, (view, tuple(shape)))
 
 
 def apply_operand(array: Any, key: tuple) -> Any:

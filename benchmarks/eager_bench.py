@@ -1,0 +1,108 @@
+"""Eager mode at real size: tpu against CPU eager, side by side in one run, each model in its own process.
+
+  python benchmarks/eager_bench.py [--rounds 3] [--repeats 5] [--models gpt2,qwen3-wide,tiny-llama]
+
+For each model and round, one fresh process per device builds the model from its config (seeded, offline),
+moves it with `.to(device)`, and runs the forward (no grad, no cache) once to warm up and then `--repeats`
+times. It reports the median steady-state forward time and the process's peak RSS (build, move and
+forwards included). Rounds alternate CPU and tpu so that a busy machine slows both alike; the printed
+ratios are the median over rounds, with their spread (min-max). Precision is "highest", so the tpu and
+CPU do the same arithmetic. Targets (issue: the device at real size):
+
+  GPT-2 124M (default GPT2Config, 1 x 64 tokens)        time tpu/CPU <= 1.5, peak RSS tpu/CPU <= 1.3
+  Qwen3-0.6B widths, 2 layers (187M params, 1 x 64)     peak RSS tpu/CPU <= 1.3
+  tiny Llama (hidden 64, 2 layers, 1 x 16)              time tpu/CPU <= 5
+  per-op dispatch, 1,000 x `a + b` (16 elements)        no slower than 57 us
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+MODELS = {
+    "gpt2": ("GPT2Config", "GPT2LMHeadModel", {}, 64),
+    "qwen3-wide": ("Qwen3Config", "Qwen3ForCausalLM", dict(
+        hidden_size=1024, intermediate_size=3072, num_attention_heads=16, num_key_value_heads=8, head_dim=128,
+        vocab_size=151936, tie_word_embeddings=True, num_hidden_layers=2), 64),
+    "tiny-llama": ("LlamaConfig", "LlamaForCausalLM", dict(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        vocab_size=1000, max_position_embeddings=128), 16),
+}
+
+ONE_RUN = r"""
+import json, resource, statistics, sys, time
+import torch, transformers
+torch.set_float32_matmul_precision("highest")
+cfg_name, cls_name, kwargs, seq, device, repeats, threads = json.loads(sys.argv[1])
+if threads:
+    torch.set_num_threads(threads)
+torch.manual_seed(0)
+model = getattr(transformers, cls_name)(getattr(transformers, cfg_name)(**kwargs)).eval().to(device)
+ids = torch.randint(0, model.config.vocab_size, (1, seq)).to(device)
+times = []
+with torch.no_grad():
+    for i in range(repeats + 1):
+        t = time.perf_counter()
+        model(ids, use_cache=False).logits.cpu()
+        times.append(time.perf_counter() - t)
+print(json.dumps({"first_s": times[0], "steady_s": statistics.median(times[1:]),
+                  "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20}))
+"""
+
+
+def run_one(model: str, device: str, repeats: int, threads: int) -> dict[str, float]:
+    cfg, cls, kwargs, seq = MODELS[model]
+    r = subprocess.run([sys.executable, "-c", ONE_RUN,
+                        json.dumps([cfg, cls, kwargs, seq, device, repeats, threads])],
+                       capture_output=True, text=True)
+    if r.returncode:
+        raise SystemExit(f"{model} on {device} failed:\n{r.stderr[-3000:]}")
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def spread(values: list[float]) -> str:
+    return f"{statistics.median(values):6.2f}  ({min(values):.2f}-{max(values):.2f})"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--models", default=",".join(MODELS))
+    ap.add_argument("--ops", type=int, default=1000)
+    ap.add_argument("--threads", type=int, default=0,
+                    help="torch.set_num_threads in every process (0: PyTorch's default). On a busy machine "
+                         "CPU eager with spinning OpenMP threads can be many times slower than its quiet self")
+    args = ap.parse_args()
+    rows = []
+    for model in args.models.split(","):
+        t_ratio, m_ratio, cpu_s, tpu_s, cpu_gb, tpu_gb = [], [], [], [], [], []
+        for _ in range(args.rounds):
+            c = run_one(model, "cpu", args.repeats, args.threads)
+            t = run_one(model, "tpu", args.repeats, args.threads)
+            cpu_s.append(c["steady_s"])
+            tpu_s.append(t["steady_s"])
+            cpu_gb.append(c["peak_rss_gb"])
+            tpu_gb.append(t["peak_rss_gb"])
+            t_ratio.append(t["steady_s"] / c["steady_s"])
+            m_ratio.append(t["peak_rss_gb"] / c["peak_rss_gb"])
+        rows.append((model, cpu_s, tpu_s, t_ratio, cpu_gb, tpu_gb, m_ratio))
+        print(f"{model:11s} forward s  cpu {spread(cpu_s)}  tpu {spread(tpu_s)}  tpu/cpu {spread(t_ratio)}")
+        print(f"{'':11s} peak GB    cpu {spread(cpu_gb)}  tpu {spread(tpu_gb)}  tpu/cpu {spread(m_ratio)}",
+              flush=True)
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from device_bench import bench_dispatch
+
+    per_op = [bench_dispatch(args.ops)["tpu"] for _ in range(args.rounds)]
+    print(f"dispatch    {args.ops} x a + b on tpu, us per op: {spread(per_op)}  (target <= 57)")
+
+
+if __name__ == "__main__":
+    main()
