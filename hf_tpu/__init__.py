@@ -18,6 +18,8 @@ __all__ = [
     "fallback_ops",
     "reset_fallback_ops",
     "compile_stats",
+    "defer_and_fuse",
+    "fused_stats",
     "reset_compile_stats",
     "set_matmul_precision",
     "get_matmul_precision",
@@ -85,3 +87,18 @@ def get_matmul_precision() -> str:
     from hf_tpu import precision as _p
 
     return _p.current()
+
+
+def defer_and_fuse(on: bool = True) -> Any:
+    """Context manager: fused eager mode inside the block (TORCH_TPU_DEFER_AND_FUSE=1 for a whole process).
+    Ops are recorded and run as one XLA program when a value is needed (hf_tpu/fused.py)."""
+    from hf_tpu import fused
+
+    return fused.defer_and_fuse(on)
+
+
+def fused_stats() -> dict[str, Any]:
+    """Fused graphs run, program-cache hits and misses, ops deferred, and what made graphs run."""
+    from hf_tpu import fused
+
+    return fused.stats()

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
-from hf_tpu import dtypes, lowering, op_jit, precision
+from hf_tpu import dtypes, fused, lowering, op_jit, precision
 from hf_tpu import tensor as T
 
 aten = torch.ops.aten
@@ -262,12 +262,25 @@ _SCALARS = (bool, int, float, str, type(None), torch.dtype, torch.device, torch.
 class _Plan:
     # `fn`: the lowering the program was traced from. A plan is used only while lowering.find still returns
     # it, so a lowering replaced at run time (a test's fault injection, a user's override) is honoured.
-    __slots__ = ("fn", "program", "promote_to", "out_dtype", "cast_to")
+    __slots__ = ("fn", "program", "promote_to", "out_dtype", "cast_to", "whole")
 
     def __init__(self, fn: Callable[..., Any], program: Callable[[list[Any]], Any], promote_to: Any,
                  out_dtype: torch.dtype, cast_to: Any) -> None:
         self.fn, self.program, self.promote_to, self.out_dtype, self.cast_to = (fn, program, promote_to,
                                                                                 out_dtype, cast_to)
+        self.whole = self._whole()
+
+    def _whole(self) -> Callable[[list[Any]], Any]:
+        """The plan as one function of its arrays (promotion, program, cast): a fused-mode node."""
+        program, promote_to, cast_to = self.program, self.promote_to, self.cast_to
+
+        def whole(arrays: list[Any]) -> Any:
+            if promote_to is not None:
+                arrays = [a.astype(promote_to) for a in arrays]
+            res = program(arrays)
+            return res if cast_to is None else res.astype(cast_to)
+
+        return whole
 
 
 _plans: dict[Any, _Plan] = {}
@@ -278,7 +291,7 @@ def _describe(x: Any, arrays: list[Any]) -> Any:
         if x.device.type != "tpu":
             return _NOT_PLANNABLE
         # the operand is taken once, here: whether a view is handed over as geometry depends on its cache
-        o = T.operand(x)
+        o = T.operand(x, fused.ACTIVE)
         if type(o) is T.Operand:
             arrays.append(o.array)
             return (x.dtype, x.dim() == 0, o.key)
@@ -288,8 +301,12 @@ def _describe(x: Any, arrays: list[Any]) -> Any:
         if x != x:  # NaN is never equal to itself: as a key it would add a plan on every call
             return _NOT_PLANNABLE
         return (type(x), x)  # the type too: 1, 1.0 and True are equal keys but give different dtypes
-    if isinstance(x, list | tuple) and all(type(v) is int for v in x):
-        return (type(x), tuple(x))
+    if isinstance(x, list | tuple):
+        if all(type(v) is int for v in x):
+            return (type(x), tuple(x))
+        if x and all(isinstance(v, torch.Tensor) for v in x):  # cat, stack: op_jit takes their arrays in order
+            parts = tuple(_describe(v, arrays) for v in x)
+            return _NOT_PLANNABLE if _NOT_PLANNABLE in parts else (type(x), parts)
     return _NOT_PLANNABLE  # tensor lists, CPU tensors, anything unusual: the general path
 
 
@@ -327,6 +344,11 @@ def run_functional(op: Any, args: tuple, kwargs: dict) -> Any:
     if key is not None:
         plan = _plans.get(key)
         if plan is not None and plan.fn is lowering.find(op):
+            if fused.ACTIVE:
+                try:
+                    return T.wrap_pending(fused.defer(plan.whole, arrays, op, key), plan.out_dtype)
+                except Exception:  # shapes the program cannot take: the general path raises properly
+                    pass
             try:
                 return _run_plan(plan, arrays)
             except Exception:  # e.g. shapes the program cannot take: the general path raises properly
@@ -575,6 +597,7 @@ def _run_like_factory(op: Any, args: tuple, kwargs: dict) -> Any:
 
 
 def dispatch(op: Any, args: tuple, kwargs: dict) -> Any:
+    fused.current_op = op  # names what made a fused graph run
     try:
         route = _routes[op]
     except KeyError:
@@ -593,6 +616,8 @@ def _run_mutating(op: Any, args: tuple, kwargs: dict) -> Any:
     if kind == "inplace":
         target = args[0]
         res = run_functional(func, args, kwargs)
+        if fused.ACTIVE and isinstance(res, torch.Tensor) and T.adopt_pending(target, res):
+            return target
         T.assign(target, T.value(res) if isinstance(res, torch.Tensor) and res.device.type == "tpu" else res)
         return target
     # out=: compute functionally, then store (resizing outputs of the wrong shape, as PyTorch does)
@@ -604,6 +629,8 @@ def _run_mutating(op: Any, args: tuple, kwargs: dict) -> Any:
     res = run_functional(func, args, kwargs)
     results = list(res) if isinstance(res, (list, tuple)) else [res]
     for o, r in zip(outs, results, strict=False):
+        if fused.ACTIVE and isinstance(r, torch.Tensor) and T.adopt_pending(o, r):
+            continue
         v = T.value(r) if isinstance(r, torch.Tensor) and r.device.type == "tpu" else r
         if tuple(o.shape) != tuple(getattr(v, "shape", ())) and o.numel() != getattr(v, "size", -1):
             T.replace(o, v.astype(dtypes.to_jax(o.dtype)))

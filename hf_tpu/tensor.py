@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from hf_tpu import dtypes, views
+from hf_tpu import dtypes, fused, views
 
 
 class Buffer:
@@ -33,7 +33,7 @@ class Buffer:
     CUDA device costs nothing until written (a `to("tpu")` is `empty` then `copy_`: the copy replaces the
     array without the zeros ever being made). `shape` is known without loading."""
 
-    __slots__ = ("_array", "_loader", "version", "shape")
+    __slots__ = ("_array", "_loader", "version", "shape", "__weakref__")
 
     def __init__(self, array: Any = None, loader: Callable[[], Any] | None = None,
                  shape: tuple[int, ...] | None = None) -> None:
@@ -93,6 +93,16 @@ def wrap(array: Any, dtype: torch.dtype | None = None) -> torch.Tensor:
     return t
 
 
+def wrap_pending(node: Any, dtype: torch.dtype) -> torch.Tensor:
+    """A new tpu tensor whose array a pending fused.Node makes when something reads it."""
+    shape = tuple(node.aval.shape)
+    t = _create(shape, dtype)
+    buf = Buffer(loader=node, shape=shape)
+    fused.attach(node, buf)
+    t.untyped_storage()._hf_tpu = Payload(buf)
+    return t
+
+
 def wrap_lazy(shape: tuple[int, ...], dtype: torch.dtype, loader: Callable[[], Any]) -> torch.Tensor:
     """A new tpu tensor whose array `loader()` makes on first use (it must return that shape and dtype)."""
     t = _create(shape, dtype)
@@ -148,22 +158,23 @@ class Operand:
         return value(self.tensor)
 
 
-def operand(t: torch.Tensor) -> Any:
+def operand(t: torch.Tensor, pending_ok: bool = False) -> Any:
     """What an op program gets for `t`: its array when it is a whole buffer of its shape, else an Operand
     (a regular view, or a reshape of a buffer) whose `key` is static and whose array is the buffer.
-    A gather view already read since its last write is handed over as that value."""
+    A gather view already read since its last write is handed over as that value. With `pending_ok`
+    (fused mode), a buffer whose op is still pending is handed over as its fused.Node, unrun."""
     p = payload(t)
     buf = p.buf
     shape = t.shape  # a torch.Size, equal to the tuple of the same sizes
     view = p.view
+    a = buf._array
+    if a is None:
+        a = buf._loader if pending_ok and type(buf._loader) is fused.Node else buf.array
     if view is None:
-        a = buf._array
-        if a is None:
-            a = buf.array
         return a if buf.shape == shape else Operand(t, a, (None, tuple(shape)))
     if p._cache_version == buf.version or not views.fusable(view):
         return value(t)
-    return Operand(t, buf.array, (view, tuple(shape)))
+    return Operand(t, a, (view, tuple(shape)))
 
 
 def apply_operand(array: Any, key: tuple) -> Any:
@@ -193,6 +204,22 @@ def assign(t: torch.Tensor, new: Any) -> None:
     else:
         buf.array = views.write_program(p.view)(buf.array, new.reshape(views.sizes(p.view)))
     buf.version += 1
+
+
+def adopt_pending(t: torch.Tensor, res: torch.Tensor) -> bool:
+    """Fused mode: make t's whole buffer the still-pending result `res` (an in-place or out= op's value),
+    without running it. False when t is a view, or shapes or dtypes differ (then `assign` it)."""
+    p, r = payload(t), payload(res)
+    node = r.buf._loader
+    if p.view is not None or r.view is not None or r.buf._array is not None or type(node) is not fused.Node:
+        return False
+    if t.dtype != res.dtype or tuple(t.shape) != tuple(res.shape) or p.buf.numel != res.numel():
+        return False
+    buf = p.buf
+    buf._array, buf._loader, buf.shape = None, node, tuple(node.aval.shape)
+    fused.attach(node, buf)
+    buf.version += 1
+    return True
 
 
 def replace(t: torch.Tensor, new: Any) -> None:

@@ -1,0 +1,230 @@
+"""Fused eager mode (TorchTPU's DeferAndFuse): ops are recorded instead of run, and the pending graph runs
+as one jitted XLA program when a value is needed.
+
+`TORCH_TPU_DEFER_AND_FUSE=1`, or `with hf_tpu.defer_and_fuse():`. An op that dispatch's fast path can
+plan (a single-output program: the great majority of a forward) becomes a `Node` holding its program and
+its inputs (arrays, or other nodes); its tensor's Buffer is lazy, with the node as its loader. Anything
+that needs the array (`.cpu()`, `.item()`, printing, a branch on a tensor, a copy to another device, a
+write through a view, an op the fast path does not plan, random ops) reads `Buffer.array`, which runs the
+node: the graph of every pending node it depends on becomes one program, cached by its structure (the
+ops' programs, how they connect, which nodes are outputs; JAX adds shapes and dtypes), never by values.
+
+Semantics stay Strict's: a node captures its inputs' arrays when the op is issued (JAX arrays are
+immutable, so later writes cannot change what it reads); random ops run as in Strict, so a seed gives the
+same numbers. Memory: a node's result is kept only if its tensor is still alive when the graph runs
+(weak reference); an intermediate nothing else holds is never materialised, and once run, nodes drop
+their inputs. Errors: when a fused program fails, its nodes run one by one, and the failing ATen op is
+named, as in Strict. `TORCH_TPU_LAUNCH_BLOCKING=1` turns fusing off.
+
+Written by hand: torchax and JAX offer no deferred-execution layer over eager PyTorch dispatch, and
+Dynamo's (graph capture from bytecode) is compiled mode, not eager.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import os
+import threading
+import weakref
+from collections.abc import Callable, Iterator
+from typing import Any
+
+
+# Read by dispatch on every op: a plain module global is the cheapest check.
+def _launch_blocking() -> bool:
+    return os.environ.get("TORCH_TPU_LAUNCH_BLOCKING", os.environ.get("TPU_LAUNCH_BLOCKING", "0")) == "1"
+
+
+ACTIVE = os.environ.get("TORCH_TPU_DEFER_AND_FUSE", "0") == "1" and not _launch_blocking()
+MAX_PENDING = int(os.environ.get("HF_TPU_FUSE_MAX_DEPTH", "1000"))  # a chain this deep runs at once
+
+_lock = threading.RLock()
+_programs: dict[Any, Callable[..., Any]] = {}
+_stats: collections.Counter[str] = collections.Counter()
+_reasons: collections.Counter[str] = collections.Counter()
+current_op: Any = None  # the op being dispatched: names what made a graph run
+
+
+class Node:
+    """One deferred op: `fn(list of input arrays) -> array`, its inputs (arrays or Nodes) and its result's
+    abstract value. Called (as its Buffer's loader), it runs its pending graph and returns its array."""
+
+    __slots__ = ("fn", "inputs", "aval", "op", "buf_ref", "value", "size", "__weakref__")
+
+    def __init__(self, fn: Callable[[list[Any]], Any], inputs: list[Any], aval: Any, op: Any, size: int) -> None:
+        self.fn, self.inputs, self.aval, self.op, self.size = fn, inputs, aval, op, size
+        self.buf_ref: Any = None
+        self.value: Any = None
+
+    def __call__(self) -> Any:
+        with _lock:
+            if self.value is None:
+                _run_graph(self)
+            return self.value
+
+
+def active() -> bool:
+    return ACTIVE
+
+
+def set_active(on: bool) -> None:
+    global ACTIVE
+    ACTIVE = bool(on) and not _launch_blocking()
+
+
+@contextlib.contextmanager
+def defer_and_fuse(on: bool = True) -> Iterator[None]:
+    """Fused eager mode inside the block (pending work runs when the block ends)."""
+    before = ACTIVE
+    set_active(on)
+    try:
+        yield
+    finally:
+        set_active(before)
+
+
+def stats() -> dict[str, Any]:
+    """Fused graphs run, their program-cache hits and misses, ops deferred, graphs run node by node after
+    an error, and what made graphs run (by ATen op, or `limit`)."""
+    with _lock:
+        return {**{k: _stats[k] for k in ("graphs", "cache_hits", "cache_misses", "deferred_ops", "fallbacks")},
+                "materialised_by": dict(_reasons)}
+
+
+def reset_stats() -> None:
+    with _lock:
+        _stats.clear()
+        _reasons.clear()
+
+
+# --------------------------------------------------------------------------------------- recording
+_avals: dict[Any, Any] = {}
+
+
+def defer(fn: Callable[[list[Any]], Any], inputs: list[Any], op: Any, key: Any) -> Node:
+    """A node for `fn(inputs)`; `key` (dispatch's plan key) plus input shapes decide its output's shape."""
+    from hf_tpu import runtime
+
+    jax = runtime.jax()
+    in_avals = tuple(x.aval if type(x) is Node else (tuple(x.shape), x.dtype) for x in inputs)
+    akey = (key, in_avals)
+    aval = _avals.get(akey)
+    if aval is None:
+        structs = [jax.ShapeDtypeStruct(a.shape, a.dtype) if not isinstance(a, tuple) else
+                   jax.ShapeDtypeStruct(*a) for a in in_avals]
+        aval = _avals[akey] = jax.eval_shape(fn, structs)
+    # the longest chain of pending nodes below this one (a sum would count shared inputs again and again)
+    size = 1 + max((x.size for x in inputs if type(x) is Node and x.value is None), default=0)
+    node = Node(fn, inputs, aval, op, size)
+    _stats["deferred_ops"] += 1
+    if size >= MAX_PENDING:
+        _reasons["limit"] += 1
+        node()
+    return node
+
+
+def resolve(x: Any) -> Any:
+    """A node's array if it has run, else the node."""
+    return x.value if type(x) is Node and x.value is not None else x
+
+
+# ----------------------------------------------------------------------------------------- running
+def _graph(root: Node) -> list[Node]:
+    """The pending nodes `root` depends on, in an order where inputs come first."""
+    order: list[Node] = []
+    seen: set[int] = set()
+    stack: list[tuple[Node, bool]] = [(root, False)]
+    while stack:
+        node, done = stack.pop()
+        if done:
+            order.append(node)
+            continue
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        stack.append((node, True))
+        for x in node.inputs:
+            if type(x) is Node and x.value is None and id(x) not in seen:
+                stack.append((x, False))
+    return order
+
+
+def _run_graph(root: Node) -> None:
+    from hf_tpu import runtime
+
+    nodes = _graph(root)
+    pos = {id(n): i for i, n in enumerate(nodes)}
+    externals: list[Any] = []
+    ext_pos: dict[int, int] = {}
+    structure = []
+    for n in nodes:
+        refs = []
+        for x in n.inputs:
+            x = resolve(x)
+            if type(x) is Node:
+                refs.append(pos[id(x)])
+            else:
+                if id(x) not in ext_pos:
+                    ext_pos[id(x)] = len(externals)
+                    externals.append(x)
+                refs.append(-1 - ext_pos[id(x)])
+        structure.append((n.fn, tuple(refs)))
+    # a node is an output when its tensor is still alive; the root always is
+    outputs = tuple(i for i, n in enumerate(nodes) if n is root or (n.buf_ref is not None and n.buf_ref() is not None))
+    key = (tuple(structure), outputs)
+    prog = _programs.get(key)
+    if prog is None:
+        _stats["cache_misses"] += 1
+        prog = _programs[key] = runtime.jax().jit(_program(tuple(structure), outputs))
+    else:
+        _stats["cache_hits"] += 1
+    _stats["graphs"] += 1
+    _reasons[_op_name(current_op)] += 1
+    try:
+        results = prog(externals)
+    except Exception:
+        _stats["fallbacks"] += 1
+        results = _run_one_by_one(nodes, structure, externals, outputs)
+    for i, r in zip(outputs, results, strict=True):
+        n = nodes[i]
+        n.value = r
+        n.inputs = []  # drop references to inputs: they may now be freed
+        buf = n.buf_ref() if n.buf_ref is not None else None
+        if buf is not None and buf._array is None and buf._loader is n:
+            buf.array = r
+
+
+def _program(structure: tuple, outputs: tuple) -> Callable[[list[Any]], Any]:
+    def run(externals: list[Any]) -> list[Any]:
+        vals: list[Any] = []
+        for fn, refs in structure:
+            vals.append(fn([vals[r] if r >= 0 else externals[-1 - r] for r in refs]))
+        return [vals[i] for i in outputs]
+
+    return run
+
+
+def _run_one_by_one(nodes: list[Node], structure: list, externals: list[Any], outputs: tuple) -> list[Any]:
+    """After a fused program failed: each node's own program in turn, so the error names its op."""
+    from hf_tpu.dispatch import TpuOpError
+
+    vals: list[Any] = []
+    for n, (fn, refs) in zip(nodes, structure, strict=True):
+        try:
+            vals.append(fn([vals[r] if r >= 0 else externals[-1 - r] for r in refs]))
+        except Exception as exc:
+            raise TpuOpError(n.op, exc) from exc
+    return [vals[i] for i in outputs]
+
+
+def _op_name(op: Any) -> str:
+    if op is None:
+        return "other"
+    from hf_tpu.lowering import op_name
+
+    return op_name(op)
+
+
+def attach(node: Node, buf: Any) -> None:
+    node.buf_ref = weakref.ref(buf)
