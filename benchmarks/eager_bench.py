@@ -13,6 +13,10 @@ CPU do the same arithmetic. Targets (issue: the device at real size):
   Qwen3-0.6B widths, 2 layers (187M params, 1 x 64)     peak RSS tpu/CPU <= 1.3
   tiny Llama (hidden 64, 2 layers, 1 x 16)              time tpu/CPU <= 5
   per-op dispatch, 1,000 x `a + b` (16 elements)        no slower than 57 us
+
+With `--fused`, each model also runs in fused eager mode (TORCH_TPU_DEFER_AND_FUSE=1) and the ratios
+Strict/fused (steady state and first call) and fused/CPU are printed. Targets (issue: fused eager mode):
+fused at least 5x faster than Strict on the tiny Llama; GPT-2 124M fused no slower than CPU eager.
 """
 
 from __future__ import annotations
@@ -58,10 +62,12 @@ print(json.dumps({"first_s": times[0], "steady_s": statistics.median(times[1:]),
 
 
 def run_one(model: str, device: str, repeats: int, threads: int) -> dict[str, float]:
+    """device: cpu, tpu (Strict eager) or tpu-fused."""
     cfg, cls, kwargs, seq = MODELS[model]
+    env = {**os.environ, "TORCH_TPU_DEFER_AND_FUSE": "1" if device == "tpu-fused" else "0"}
     r = subprocess.run([sys.executable, "-c", ONE_RUN,
-                        json.dumps([cfg, cls, kwargs, seq, device, repeats, threads])],
-                       capture_output=True, text=True)
+                        json.dumps([cfg, cls, kwargs, seq, device.split("-")[0], repeats, threads])],
+                       capture_output=True, text=True, env=env)
     if r.returncode:
         raise SystemExit(f"{model} on {device} failed:\n{r.stderr[-3000:]}")
     return json.loads(r.stdout.strip().splitlines()[-1])
@@ -77,13 +83,14 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--models", default=",".join(MODELS))
     ap.add_argument("--ops", type=int, default=1000)
+    ap.add_argument("--fused", action="store_true", help="also run fused eager mode")
     ap.add_argument("--threads", type=int, default=0,
                     help="torch.set_num_threads in every process (0: PyTorch's default). On a busy machine "
                          "CPU eager with spinning OpenMP threads can be many times slower than its quiet self")
     args = ap.parse_args()
-    rows = []
     for model in args.models.split(","):
         t_ratio, m_ratio, cpu_s, tpu_s, cpu_gb, tpu_gb = [], [], [], [], [], []
+        fused_rows: list[tuple[float, float, float, float]] = []
         for _ in range(args.rounds):
             c = run_one(model, "cpu", args.repeats, args.threads)
             t = run_one(model, "tpu", args.repeats, args.threads)
@@ -93,10 +100,18 @@ def main() -> None:
             tpu_gb.append(t["peak_rss_gb"])
             t_ratio.append(t["steady_s"] / c["steady_s"])
             m_ratio.append(t["peak_rss_gb"] / c["peak_rss_gb"])
-        rows.append((model, cpu_s, tpu_s, t_ratio, cpu_gb, tpu_gb, m_ratio))
+            if args.fused:
+                f = run_one(model, "tpu-fused", args.repeats, args.threads)
+                fused_rows.append((t["steady_s"] / f["steady_s"], t["first_s"] / f["first_s"],
+                                   f["steady_s"] / c["steady_s"], f["peak_rss_gb"] / t["peak_rss_gb"]))
         print(f"{model:11s} forward s  cpu {spread(cpu_s)}  tpu {spread(tpu_s)}  tpu/cpu {spread(t_ratio)}")
         print(f"{'':11s} peak GB    cpu {spread(cpu_gb)}  tpu {spread(tpu_gb)}  tpu/cpu {spread(m_ratio)}",
               flush=True)
+        if fused_rows:
+            cols = list(zip(*fused_rows, strict=True))
+            print(f"{'':11s} fused      strict/fused steady {spread(list(cols[0]))}  first call "
+                  f"{spread(list(cols[1]))}  fused/cpu {spread(list(cols[2]))}  peak fused/strict "
+                  f"{spread(list(cols[3]))}", flush=True)
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from device_bench import bench_dispatch
 

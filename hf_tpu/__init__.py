@@ -10,6 +10,10 @@ from __future__ import annotations
 import os as _os
 from typing import Any
 
+# torch first: when hf_tpu is imported before torch, torch's backend autoload (at the end of its own
+# import) imports hf_tpu.device; with device mid-import here, it would find it half-initialised.
+import torch as _torch  # noqa: F401
+
 from hf_tpu import device as _device
 from hf_tpu import patches as _patches
 

@@ -1,0 +1,15 @@
+"""`import hf_tpu` before `import torch` (and after JAX): torch's autoload must not meet a half-imported
+hf_tpu.device ("Failed to load the backend extension: hf_tpu")."""
+
+import subprocess
+import sys
+
+import pytest
+
+
+@pytest.mark.parametrize("first", ["import hf_tpu", "import jax, hf_tpu", "import hf_tpu.dispatch"])
+def test_hf_tpu_imported_before_torch(first):
+    code = f"{first}\nimport torch\nprint(torch.ones(2, device='tpu').sum().item())"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.strip().splitlines()[-1] == "2.0"
