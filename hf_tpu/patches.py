@@ -17,6 +17,7 @@ right after the module's own code has run (or at once, if it is already imported
   transformers.core_model_loading  _materialize_copy                 (patch "tpu_direct_materialize")
   transformers.pytorch_utils     id_tensor_storage                   (patch "tpu_storage_identity")
   torch                          Generator                           (patch "tpu_generator_error")
+  torch                          Tensor.__deepcopy__                 (patch "tpu_deepcopy")
 
 `applied()` lists the patches applied in this process; HF_TPU_NO_PATCHES=1 turns them all off (the tests
 use it to show each patch is needed).
@@ -24,6 +25,7 @@ use it to show each patch is needed).
 
 from __future__ import annotations
 
+import copy
 import functools
 import importlib.util
 import os
@@ -443,6 +445,81 @@ def _patch_storage_identity(mod: Any) -> None:
     _mark("tpu_storage_identity")
 
 
+# ------------------------------------------------------------------------------------------------ patch 5
+def _patch_tensor_deepcopy() -> None:
+    """Upstream (PyTorch): `Tensor.__deepcopy__` copies a PrivateUse1 tensor that has a storage through
+    `UntypedStorage.clone()`, which allocates a tpu storage with PyTorch's allocator; a Python backend has
+    none, so the process died with SIGSEGV (trainers, EMA models, Accelerate and Transformers' tests
+    deep-copy tensors). Fix: a tpu tensor is copied at the level hf_tpu keeps its data: the new tensor
+    reads a new device buffer holding the same JAX array (JAX arrays are immutable: a write replaces the
+    buffer's array, so the copy never sees the original's writes). Buffers are memoised in `memo`, so
+    tensors that share memory (a base and its views) still share it after one deepcopy, as on CPU.
+    `UntypedStorage.clone()` of a tpu storage raises a clear error instead of crashing."""
+    import torch
+
+    orig = torch.Tensor.__deepcopy__
+    if getattr(orig, "_hf_tpu_patched", False):
+        return
+
+    @functools.wraps(orig)
+    def __deepcopy__(self: Any, memo: dict) -> Any:
+        if (self.device.type != "tpu" or not _tpu_served_by_hf_tpu() or self.is_sparse or not self.is_leaf
+                or torch.overrides.has_torch_function_unary(self)):
+            return orig(self, memo)  # upstream's path (and its error for non-leaf tensors)
+        if id(self) in memo:
+            return memo[id(self)]
+        with torch.no_grad():
+            new = _tpu_tensor_copy(self, memo.setdefault("hf_tpu_buffers", {}))
+            if type(self) is not torch.Tensor:
+                new = new.as_subclass(type(self))
+                import copyreg
+
+                for slot in copyreg._slotnames(type(self)):  # type: ignore[attr-defined]
+                    if hasattr(self, slot):
+                        setattr(new, slot, copy.deepcopy(getattr(self, slot), memo))
+            if self.requires_grad:
+                new.requires_grad_()
+            if self.grad is not None:
+                new.grad = self.grad.__deepcopy__(memo)
+            self._clear_non_serializable_cached_data()
+            new.__dict__ = copy.deepcopy(self.__dict__, memo)
+        memo[id(self)] = new
+        return new
+
+    __deepcopy__._hf_tpu_patched = True  # type: ignore[attr-defined]
+    torch.Tensor.__deepcopy__ = __deepcopy__
+
+    orig_clone = torch.UntypedStorage.clone
+
+    @functools.wraps(orig_clone)
+    def clone(self: Any) -> Any:
+        if self.device.type == "tpu" and _tpu_served_by_hf_tpu():
+            raise RuntimeError(
+                "UntypedStorage.clone() is not supported for hf_tpu's `tpu` storages (a Python backend has no "
+                "PyTorch allocator): copy the tensor instead, with tensor.clone() or copy.deepcopy(tensor)."
+            )
+        return orig_clone(self)
+
+    torch.UntypedStorage.clone = clone
+    _mark("tpu_deepcopy")
+
+
+def _tpu_tensor_copy(t: Any, buffers: dict[int, tuple[Any, Any]]) -> Any:
+    """A new tpu tensor with t's shape, dtype and view of a copy of t's buffer; `buffers` maps an original
+    buffer's id to (original, copy), so views of one buffer copied together share one copy.
+    Written against hf_tpu.tensor's Buffer/Payload: the only place outside tensor.py that knows them."""
+    from hf_tpu import tensor as T
+
+    p = T.payload(t)
+    hit = buffers.get(id(p.buf))
+    if hit is None:
+        # the original is kept in the entry so that its id cannot be reused by another buffer meanwhile
+        hit = buffers[id(p.buf)] = (p.buf, T.Buffer(p.buf.array))
+    new = T._create(tuple(t.shape), t.dtype)
+    new.untyped_storage()._hf_tpu = T.Payload(hit[1], p.index)
+    return new
+
+
 # ------------------------------------------------------------------------------------------ the import hook
 _TARGETS: dict[str, list[Callable[[Any], None]]] = {
     "accelerate.utils.modeling": [_patch_accelerate_max_memory],
@@ -496,3 +573,4 @@ def install() -> None:
             _apply(name, sys.modules[name])
     if _tpu_served_by_hf_tpu():
         _patch_torch_generator()
+        _patch_tensor_deepcopy()
