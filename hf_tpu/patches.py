@@ -41,6 +41,7 @@ _busy: set[str] = set()
 
 def applied() -> list[str]:
     """Names of the patches applied so far in this process."""
+    _apply_pending()
     return list(_applied)
 
 
@@ -529,9 +530,56 @@ _TARGETS: dict[str, list[Callable[[Any], None]]] = {
 }
 
 
-def _apply(name: str, module: Any) -> None:
+_pending: dict[str, Any] = {}  # target modules that were still running their own code when we met them
+
+
+def _initializing(module: Any) -> bool:
+    return bool(getattr(getattr(module, "__spec__", None), "_initializing", False))
+
+
+def _apply(name: str, module: Any, ran: bool = False) -> None:
+    """Patch `module` (`ran`: its code has just run, from the finder's exec_module) now, or, if its own code is still running (it imported torch, whose autoload imported
+    us), remember it: a half-run module lacks the names we patch, and patching it raised inside
+    `import torch`. `_apply_pending()` finishes the job once the module has finished importing."""
+    if sys.modules.get(name) is not module:
+        _pending.pop(name, None)  # its import failed: nothing to patch
+        return
+    if not ran and _initializing(module):
+        _pending[name] = module
+        return
+    _pending.pop(name, None)
+    before = dict(vars(module))
     for patch in _TARGETS[name]:
-        patch(module)
+        try:
+            patch(module)
+        except Exception as exc:  # a patch must never break an import; upstream's behaviour stays
+            import warnings
+
+            warnings.warn(f"hf_tpu: could not apply {patch.__name__} to {name}: {type(exc).__name__}: {exc}",
+                          RuntimeWarning, stacklevel=2)
+    changed = {k: (old, vars(module)[k]) for k, old in before.items() if vars(module).get(k, old) is not old}
+    if changed:
+        _rebind(changed)
+
+
+def _rebind(changed: dict[str, tuple[Any, Any]]) -> None:
+    """Modules that copied a patched name (`from x import f`) before the patch was applied get the patched
+    one too. Only a late patch (see `_apply`) can find such copies; scanning sys.modules costs ~1 ms."""
+    for mod in list(sys.modules.values()):
+        d = getattr(mod, "__dict__", None)
+        if not isinstance(d, dict):
+            continue
+        for k, (old, new) in changed.items():
+            if d.get(k) is old:
+                d[k] = new
+
+
+def _apply_pending() -> None:
+    """Patch the target modules that have finished importing since we first met them half-run. Called
+    on every later import (the finder below), on the first tpu op, and by `applied()`."""
+    for name, module in list(_pending.items()):
+        if not _initializing(module):
+            _apply(name, module)
 
 
 class _PatchingFinder:  # a meta path finder (duck-typed: importlib.abc costs ~15 ms at import torch)
@@ -539,6 +587,8 @@ class _PatchingFinder:  # a meta path finder (duck-typed: importlib.abc costs ~1
     module is patched as soon as its code has run (before `from x import name` elsewhere copies names)."""
 
     def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
+        if _pending:
+            _apply_pending()
         if fullname not in _TARGETS or fullname in _busy:
             return None
         _busy.add(fullname)
@@ -555,7 +605,7 @@ class _PatchingFinder:  # a meta path finder (duck-typed: importlib.abc costs ~1
 
         def exec_module(module: Any) -> None:
             orig_exec(module)
-            _apply(fullname, module)
+            _apply(fullname, module, ran=True)
 
         loader.exec_module = exec_module  # this loader instance serves this one module
         return spec
