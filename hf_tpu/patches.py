@@ -18,6 +18,7 @@ right after the module's own code has run (or at once, if it is already imported
   transformers.pytorch_utils     id_tensor_storage                   (patch "tpu_storage_identity")
   torch                          Generator                           (patch "tpu_generator_error")
   torch                          Tensor.__deepcopy__                 (patch "tpu_deepcopy")
+  torch                          _TorchCompileInductorWrapper        (patch "tpu_default_compile")
 
 `applied()` lists the patches applied in this process; HF_TPU_NO_PATCHES=1 turns them all off (the tests
 use it to show each patch is needed).
@@ -521,6 +522,58 @@ def _tpu_tensor_copy(t: Any, buffers: dict[int, tuple[Any, Any]]) -> Any:
     return new
 
 
+# ------------------------------------------------------------------------------------------------ patch 6
+def _patch_default_compile() -> None:
+    """Upstream (PyTorch): `torch.compile(model)` with no backend is Inductor, and Inductor's `tpu` device
+    generates Pallas kernels that import torch_tpu, so a tpu model failed with "No module named
+    'torch_tpu'" (Transformers' tests and most users compile without naming a backend). PyTorch's only
+    hook for a default is the process-wide `set_default_backend`, which would also take CPU and CUDA
+    models away from Inductor. Fix: Inductor's entry (`_TorchCompileInductorWrapper.__call__`, what the
+    default and `backend="inductor"` call) hands a graph over tpu tensors to the "tpu" backend, which is
+    what `backend="tpu"` runs; every other graph goes to Inductor as before."""
+    import torch
+
+    wrapper = getattr(torch, "_TorchCompileInductorWrapper", None)
+    if wrapper is None or getattr(wrapper.__call__, "_hf_tpu_patched", False):
+        return
+    orig = wrapper.__call__
+
+    @functools.wraps(orig)
+    def __call__(self: Any, model_: Any, inputs_: Any, *args: Any, **kwargs: Any) -> Any:
+        if _tpu_served_by_hf_tpu() and _graph_on_tpu(model_, inputs_):
+            if self.config and not _warned_inductor_config:
+                _warn_inductor_config(self.config)
+            from hf_tpu.compile import tpu_backend
+
+            return tpu_backend(model_, inputs_)
+        return orig(self, model_, inputs_, *args, **kwargs)
+
+    __call__._hf_tpu_patched = True  # type: ignore[attr-defined]
+    wrapper.__call__ = __call__
+    _mark("tpu_default_compile")
+
+
+_warned_inductor_config = False
+
+
+def _warn_inductor_config(config: dict[str, Any]) -> None:
+    import warnings
+
+    global _warned_inductor_config
+    _warned_inductor_config = True
+    warnings.warn(f"hf_tpu: torch.compile of a tpu model runs the \"tpu\" backend, which ignores Inductor's "
+                  f"mode/options ({sorted(config)}); pass backend=\"tpu\" to say so explicitly.", stacklevel=3)
+
+
+def _graph_on_tpu(gm: Any, example_inputs: Any) -> bool:
+    import torch
+
+    tensors = [x for x in example_inputs if isinstance(x, torch.Tensor)]
+    if hasattr(gm, "parameters"):
+        tensors += [*gm.parameters(), *gm.buffers()]
+    return any(t.device.type == "tpu" for t in tensors)
+
+
 # ------------------------------------------------------------------------------------------ the import hook
 _TARGETS: dict[str, list[Callable[[Any], None]]] = {
     "accelerate.utils.modeling": [_patch_accelerate_max_memory],
@@ -624,3 +677,4 @@ def install() -> None:
     if _tpu_served_by_hf_tpu():
         _patch_torch_generator()
         _patch_tensor_deepcopy()
+        _patch_default_compile()
