@@ -14,6 +14,7 @@ COMMANDS: list[tuple[str, str, str]] = [
     ("compare", "harness.ci.compare_cli", "compare a run with the expected results"),
     ("accept", "harness.ci.accept_cli", "rewrite the expected results from a run"),
     ("report", "harness.ci.report_cli", "write the static HTML dashboard for one or more runs"),
+    ("upstream-tests", "harness.upstream.cli", "run a Transformers checkout's own model tests on cpu and tpu"),
     ("diagnose", "harness.diagnose.cli", "locate the first module and op that go wrong for one entry"),
     ("demo", "harness.demo", "a tiny model on `tpu`, eager and compiled"),
 ]

@@ -140,6 +140,9 @@ def _fallback(op: Any, *args: Any, **kwargs: Any) -> Any:
     if not _direct_done:
         _direct_done = True
         _register_direct_kernels()
+        from hf_tpu import patches
+
+        patches._apply_pending()  # a library imported before torch has finished importing by now
     return dispatch.dispatch(op, args, kwargs)
 
 

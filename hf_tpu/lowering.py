@@ -87,6 +87,9 @@ def find(op: Any) -> Callable[..., Any] | None:
         fn = entry.func
         if isinstance(op, torch._ops.OpOverload) and not _accepts_schema(fn, op):
             return None  # written for another torch's schema: the decomposition is right instead
+        fn = _adapt_kwargs(fn, op)
+        if fn is None:
+            return None
         if entry.needs_env:
             fn = functools.partial(fn, env=ENV)
     name = op.__name__.split(".")[0] if hasattr(op, "__name__") else ""
@@ -115,6 +118,58 @@ def _accepts_schema(fn: Callable[..., Any], op: Any) -> bool:
     except TypeError:
         return False
     return True
+
+
+# Keyword-only schema arguments that do not change the values an op computes (on tpu): dropped.
+_VALUE_FREE_KWARGS = {"implicit", "layout", "device", "pin_memory", "output_size", "check_errors",
+                      "memory_format", "sparse_grad"}
+_DTYPE_KWARGS = {"dtype", "output_dtype"}
+
+
+def _adapt_kwargs(fn: Callable[..., Any], op: Any) -> Callable[..., Any] | None:
+    """`fn` made to take the keyword-only arguments of this overload's schema that it has no parameter for
+    (torchax 0.0.13's lowerings predate torch 2.13's schemas, e.g. `mean.dim(..., *, dtype)`), instead of
+    failing with "unexpected keyword argument". `dtype` is honoured as PyTorch does: the input is cast
+    first (reductions), or, for an op without an array input, the result; value-free arguments
+    (`layout`, `implicit`, ...) are dropped, and so is any other at its schema default. Any other
+    value raises a NotImplementedError naming the op and the argument. None: `fn` was not written for
+    this overload (the decomposition is right instead)."""
+    import inspect
+
+    if not isinstance(op, torch._ops.OpOverload):
+        return fn
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return fn
+    if any(p.kind == p.VAR_KEYWORD for p in params.values()):
+        return fn
+    missing = {a.name: a for a in op._schema.arguments if a.kwarg_only and a.name not in params
+               and not (a.alias_info is not None and a.alias_info.is_write)}  # out= is dispatch's job
+    if not missing:
+        return fn
+    if "device" in missing:
+        return None  # a factory overload under a lowering written for the packet's tensor overload
+    name = op_name(op)
+
+    @functools.wraps(fn)
+    def adapted(*args: Any, **kwargs: Any) -> Any:
+        cast = None
+        for k in [k for k in kwargs if k in missing]:
+            v = kwargs.pop(k)
+            if k in _DTYPE_KWARGS:
+                cast = v
+            elif k not in _VALUE_FREE_KWARGS and v is not None and v != missing[k].default_value:
+                raise NotImplementedError(f"hf_tpu: the JAX lowering of {name} does not support {k}={v!r}")
+        if cast is None:
+            return fn(*args, **kwargs)
+        want = dtypes.to_jax(cast)
+        if args and hasattr(args[0], "astype") and hasattr(args[0], "shape"):
+            return fn(args[0].astype(want), *args[1:], **kwargs)
+        out = fn(*args, **kwargs)
+        return out.astype(want) if hasattr(out, "astype") else out
+
+    return adapted
 
 
 @functools.cache

@@ -17,6 +17,8 @@ right after the module's own code has run (or at once, if it is already imported
   transformers.core_model_loading  _materialize_copy                 (patch "tpu_direct_materialize")
   transformers.pytorch_utils     id_tensor_storage                   (patch "tpu_storage_identity")
   torch                          Generator                           (patch "tpu_generator_error")
+  torch                          Tensor.__deepcopy__                 (patch "tpu_deepcopy")
+  torch                          _TorchCompileInductorWrapper        (patch "tpu_default_compile")
 
 `applied()` lists the patches applied in this process; HF_TPU_NO_PATCHES=1 turns them all off (the tests
 use it to show each patch is needed).
@@ -24,6 +26,7 @@ use it to show each patch is needed).
 
 from __future__ import annotations
 
+import copy
 import functools
 import importlib.util
 import os
@@ -39,6 +42,7 @@ _busy: set[str] = set()
 
 def applied() -> list[str]:
     """Names of the patches applied so far in this process."""
+    _apply_pending()
     return list(_applied)
 
 
@@ -443,6 +447,133 @@ def _patch_storage_identity(mod: Any) -> None:
     _mark("tpu_storage_identity")
 
 
+# ------------------------------------------------------------------------------------------------ patch 5
+def _patch_tensor_deepcopy() -> None:
+    """Upstream (PyTorch): `Tensor.__deepcopy__` copies a PrivateUse1 tensor that has a storage through
+    `UntypedStorage.clone()`, which allocates a tpu storage with PyTorch's allocator; a Python backend has
+    none, so the process died with SIGSEGV (trainers, EMA models, Accelerate and Transformers' tests
+    deep-copy tensors). Fix: a tpu tensor is copied at the level hf_tpu keeps its data: the new tensor
+    reads a new device buffer holding the same JAX array (JAX arrays are immutable: a write replaces the
+    buffer's array, so the copy never sees the original's writes). Buffers are memoised in `memo`, so
+    tensors that share memory (a base and its views) still share it after one deepcopy, as on CPU.
+    `UntypedStorage.clone()` of a tpu storage raises a clear error instead of crashing."""
+    import torch
+
+    orig = torch.Tensor.__deepcopy__
+    if getattr(orig, "_hf_tpu_patched", False):
+        return
+
+    @functools.wraps(orig)
+    def __deepcopy__(self: Any, memo: dict) -> Any:
+        if (self.device.type != "tpu" or not _tpu_served_by_hf_tpu() or self.is_sparse or not self.is_leaf
+                or torch.overrides.has_torch_function_unary(self)):
+            return orig(self, memo)  # upstream's path (and its error for non-leaf tensors)
+        if id(self) in memo:
+            return memo[id(self)]
+        with torch.no_grad():
+            new = _tpu_tensor_copy(self, memo.setdefault("hf_tpu_buffers", {}))
+            if type(self) is not torch.Tensor:
+                new = new.as_subclass(type(self))
+                import copyreg
+
+                for slot in copyreg._slotnames(type(self)):  # type: ignore[attr-defined]
+                    if hasattr(self, slot):
+                        setattr(new, slot, copy.deepcopy(getattr(self, slot), memo))
+            if self.requires_grad:
+                new.requires_grad_()
+            if self.grad is not None:
+                new.grad = self.grad.__deepcopy__(memo)
+            self._clear_non_serializable_cached_data()
+            new.__dict__ = copy.deepcopy(self.__dict__, memo)
+        memo[id(self)] = new
+        return new
+
+    __deepcopy__._hf_tpu_patched = True  # type: ignore[attr-defined]
+    torch.Tensor.__deepcopy__ = __deepcopy__
+
+    orig_clone = torch.UntypedStorage.clone
+
+    @functools.wraps(orig_clone)
+    def clone(self: Any) -> Any:
+        if self.device.type == "tpu" and _tpu_served_by_hf_tpu():
+            raise RuntimeError(
+                "UntypedStorage.clone() is not supported for hf_tpu's `tpu` storages (a Python backend has no "
+                "PyTorch allocator): copy the tensor instead, with tensor.clone() or copy.deepcopy(tensor)."
+            )
+        return orig_clone(self)
+
+    torch.UntypedStorage.clone = clone
+    _mark("tpu_deepcopy")
+
+
+def _tpu_tensor_copy(t: Any, buffers: dict[int, tuple[Any, Any]]) -> Any:
+    """A new tpu tensor with t's shape, dtype and view of a copy of t's buffer; `buffers` maps an original
+    buffer's id to (original, copy), so views of one buffer copied together share one copy.
+    Written against hf_tpu.tensor's Buffer/Payload: the only place outside tensor.py that knows them."""
+    from hf_tpu import tensor as T
+
+    p = T.payload(t)
+    hit = buffers.get(id(p.buf))
+    if hit is None:
+        # the original is kept in the entry so that its id cannot be reused by another buffer meanwhile
+        hit = buffers[id(p.buf)] = (p.buf, T.Buffer(p.buf.array))
+    new = T._create(tuple(t.shape), t.dtype)
+    new.untyped_storage()._hf_tpu = T.Payload(hit[1], p.index)
+    return new
+
+
+# ------------------------------------------------------------------------------------------------ patch 6
+def _patch_default_compile() -> None:
+    """Upstream (PyTorch): `torch.compile(model)` with no backend is Inductor, and Inductor's `tpu` device
+    generates Pallas kernels that import torch_tpu, so a tpu model failed with "No module named
+    'torch_tpu'" (Transformers' tests and most users compile without naming a backend). PyTorch's only
+    hook for a default is the process-wide `set_default_backend`, which would also take CPU and CUDA
+    models away from Inductor. Fix: Inductor's entry (`_TorchCompileInductorWrapper.__call__`, what the
+    default and `backend="inductor"` call) hands a graph over tpu tensors to the "tpu" backend, which is
+    what `backend="tpu"` runs; every other graph goes to Inductor as before."""
+    import torch
+
+    wrapper = getattr(torch, "_TorchCompileInductorWrapper", None)
+    if wrapper is None or getattr(wrapper.__call__, "_hf_tpu_patched", False):
+        return
+    orig = wrapper.__call__
+
+    @functools.wraps(orig)
+    def __call__(self: Any, model_: Any, inputs_: Any, *args: Any, **kwargs: Any) -> Any:
+        if _tpu_served_by_hf_tpu() and _graph_on_tpu(model_, inputs_):
+            if self.config and not _warned_inductor_config:
+                _warn_inductor_config(self.config)
+            from hf_tpu.compile import tpu_backend
+
+            return tpu_backend(model_, inputs_)
+        return orig(self, model_, inputs_, *args, **kwargs)
+
+    __call__._hf_tpu_patched = True  # type: ignore[attr-defined]
+    wrapper.__call__ = __call__
+    _mark("tpu_default_compile")
+
+
+_warned_inductor_config = False
+
+
+def _warn_inductor_config(config: dict[str, Any]) -> None:
+    import warnings
+
+    global _warned_inductor_config
+    _warned_inductor_config = True
+    warnings.warn(f"hf_tpu: torch.compile of a tpu model runs the \"tpu\" backend, which ignores Inductor's "
+                  f"mode/options ({sorted(config)}); pass backend=\"tpu\" to say so explicitly.", stacklevel=3)
+
+
+def _graph_on_tpu(gm: Any, example_inputs: Any) -> bool:
+    import torch
+
+    tensors = [x for x in example_inputs if isinstance(x, torch.Tensor)]
+    if hasattr(gm, "parameters"):
+        tensors += [*gm.parameters(), *gm.buffers()]
+    return any(t.device.type == "tpu" for t in tensors)
+
+
 # ------------------------------------------------------------------------------------------ the import hook
 _TARGETS: dict[str, list[Callable[[Any], None]]] = {
     "accelerate.utils.modeling": [_patch_accelerate_max_memory],
@@ -452,9 +583,56 @@ _TARGETS: dict[str, list[Callable[[Any], None]]] = {
 }
 
 
-def _apply(name: str, module: Any) -> None:
+_pending: dict[str, Any] = {}  # target modules that were still running their own code when we met them
+
+
+def _initializing(module: Any) -> bool:
+    return bool(getattr(getattr(module, "__spec__", None), "_initializing", False))
+
+
+def _apply(name: str, module: Any, ran: bool = False) -> None:
+    """Patch `module` (`ran`: its code has just run, from the finder's exec_module) now, or, if its own code is still running (it imported torch, whose autoload imported
+    us), remember it: a half-run module lacks the names we patch, and patching it raised inside
+    `import torch`. `_apply_pending()` finishes the job once the module has finished importing."""
+    if sys.modules.get(name) is not module:
+        _pending.pop(name, None)  # its import failed: nothing to patch
+        return
+    if not ran and _initializing(module):
+        _pending[name] = module
+        return
+    _pending.pop(name, None)
+    before = dict(vars(module))
     for patch in _TARGETS[name]:
-        patch(module)
+        try:
+            patch(module)
+        except Exception as exc:  # a patch must never break an import; upstream's behaviour stays
+            import warnings
+
+            warnings.warn(f"hf_tpu: could not apply {patch.__name__} to {name}: {type(exc).__name__}: {exc}",
+                          RuntimeWarning, stacklevel=2)
+    changed = {k: (old, vars(module)[k]) for k, old in before.items() if vars(module).get(k, old) is not old}
+    if changed:
+        _rebind(changed)
+
+
+def _rebind(changed: dict[str, tuple[Any, Any]]) -> None:
+    """Modules that copied a patched name (`from x import f`) before the patch was applied get the patched
+    one too. Only a late patch (see `_apply`) can find such copies; scanning sys.modules costs ~1 ms."""
+    for mod in list(sys.modules.values()):
+        d = getattr(mod, "__dict__", None)
+        if not isinstance(d, dict):
+            continue
+        for k, (old, new) in changed.items():
+            if d.get(k) is old:
+                d[k] = new
+
+
+def _apply_pending() -> None:
+    """Patch the target modules that have finished importing since we first met them half-run. Called
+    on every later import (the finder below), on the first tpu op, and by `applied()`."""
+    for name, module in list(_pending.items()):
+        if not _initializing(module):
+            _apply(name, module)
 
 
 class _PatchingFinder:  # a meta path finder (duck-typed: importlib.abc costs ~15 ms at import torch)
@@ -462,6 +640,8 @@ class _PatchingFinder:  # a meta path finder (duck-typed: importlib.abc costs ~1
     module is patched as soon as its code has run (before `from x import name` elsewhere copies names)."""
 
     def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
+        if _pending:
+            _apply_pending()
         if fullname not in _TARGETS or fullname in _busy:
             return None
         _busy.add(fullname)
@@ -478,7 +658,7 @@ class _PatchingFinder:  # a meta path finder (duck-typed: importlib.abc costs ~1
 
         def exec_module(module: Any) -> None:
             orig_exec(module)
-            _apply(fullname, module)
+            _apply(fullname, module, ran=True)
 
         loader.exec_module = exec_module  # this loader instance serves this one module
         return spec
@@ -496,3 +676,5 @@ def install() -> None:
             _apply(name, sys.modules[name])
     if _tpu_served_by_hf_tpu():
         _patch_torch_generator()
+        _patch_tensor_deepcopy()
+        _patch_default_compile()

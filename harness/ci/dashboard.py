@@ -403,6 +403,30 @@ def _run_meta(run: Run) -> str:
     )
 
 
+def _upstream_html(run_dir: Path) -> str:
+    """The section for `hf-tpu upstream-tests` results in the run (upstream.csv, or upstream/upstream.csv as
+    the nightly lays it out); '' when there are none."""
+    from harness.upstream import table as up
+
+    path = next((p for p in (run_dir / "upstream.csv", run_dir / "upstream" / "upstream.csv") if p.is_file()), None)
+    if path is None:
+        return ""
+    df = pd.read_csv(path, dtype=str, keep_default_na=False)
+    causes = up.causes(df)
+    fams = "".join(f"<tr><td>{_e(f)}</td><td class=\"num\">{_e(up.share(df[df['family'] == f]))}</td></tr>"
+                   for f in sorted(df["family"].unique()))
+    body = _table(causes, [("tests", "tests", "num"), ("failing_op", "failing op", "code"),
+                           ("error_type", "error type", "text"), ("message", "normalised message", "msg"),
+                           ("outcomes", "tpu outcomes", "text"), ("examples", "examples", "msg")],
+                  "upstream-table", "No test that passes on CPU fails on tpu.")
+    return (f'<section id="upstream"><h2>Transformers\' own model tests on tpu</h2>'
+            f'<p>CPU-passing tests that pass on tpu: <b id="upstream-share">{_e(up.share(df))}</b> '
+            f'({len(df)} tests; <code>{_e(path.name)}</code>)</p>'
+            f'<table id="upstream-families"><thead><tr><th>family</th><th class="num">pass on tpu / pass on cpu'
+            f'</th></tr></thead><tbody>{fams}</tbody></table>'
+            f'<h3>CPU-pass, tpu-fail tests by root cause ({len(causes)})</h3>{body}</section>')
+
+
 def render_dashboard(runs: Sequence[Run], worst: int = 20) -> str:
     """The whole page for `runs` (at least one); the latest by timestamp is shown in detail."""
     if not runs:
@@ -485,6 +509,7 @@ normalised; sorted by entries affected.</p>{crash}</section>
 <section id="numerics"><h2>Worst numerics</h2>
 <p class="note">Rows that ran, fail_accuracy first, then by rmse ratio (rmse(fp64, tpu) / rmse(fp64, cpu)),
 max relative error and cosine.</p>{numerics}</section>
+{_upstream_html(run.path)}
 <section id="entries"><h2>All entries</h2>{_entries_html(df, comp)}</section>
 </main>
 <script>{js}</script>
