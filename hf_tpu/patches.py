@@ -518,7 +518,7 @@ def _tpu_tensor_copy(t: Any, buffers: dict[int, tuple[Any, Any]]) -> Any:
         # the original is kept in the entry so that its id cannot be reused by another buffer meanwhile
         hit = buffers[id(p.buf)] = (p.buf, T.Buffer(p.buf.array))
     new = T._create(tuple(t.shape), t.dtype)
-    new.untyped_storage()._hf_tpu = T.Payload(hit[1], p.index)
+    new.untyped_storage()._hf_tpu = T.Payload(hit[1], p.view)
     return new
 
 
