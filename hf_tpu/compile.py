@@ -88,6 +88,19 @@ def _lower_node_target(target: Any) -> Callable[..., Any]:
     return fn
 
 
+def _mutable(obj: Any) -> Any:
+    """FX keeps a node's list/dict arguments as immutable_list/immutable_dict; lowerings written for eager
+    calls may change their arguments in place (torchax's convolution does `padding *= n`), so each call
+    gets plain, fresh containers."""
+    if isinstance(obj, list):
+        return [_mutable(x) for x in obj]
+    if type(obj) is tuple:
+        return tuple(_mutable(x) for x in obj)
+    if isinstance(obj, dict):
+        return {k: _mutable(v) for k, v in obj.items()}
+    return obj
+
+
 def to_jax_function(gm: torch.fx.GraphModule) -> Callable[..., Any]:
     """A function over JAX arrays that computes `gm` (functional ATen) with our lowerings."""
     nodes = list(gm.graph.nodes)
@@ -107,7 +120,7 @@ def to_jax_function(gm: torch.fx.GraphModule) -> Callable[..., Any]:
                 attr = getattr(gm, n.target)
                 env[n] = T.from_cpu(attr) if attr.device.type == "cpu" else T.value(attr)
             elif n.op == "call_function":
-                args, kwargs = torch.fx.node.map_arg((n.args, n.kwargs), lambda a: env[a])
+                args, kwargs = _mutable(torch.fx.node.map_arg((n.args, n.kwargs), lambda a: env[a]))
                 if n in fns:
                     res = fns[n](*args, **kwargs)
                     val = n.meta.get("val")
