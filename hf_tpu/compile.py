@@ -141,6 +141,9 @@ def to_jax_function(gm: torch.fx.GraphModule) -> Callable[..., Any]:
     return run
 
 
+_NO_META = object()  # a pytree leaf standing for an output node without a traced value
+
+
 def _compiler(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
     from hf_tpu import runtime
 
@@ -148,8 +151,14 @@ def _compiler(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable[.
     _install_cache_listener()
     fn = to_jax_function(gm)
     static = tuple(i for i, ex in enumerate(example_inputs) if not isinstance(ex, torch.Tensor))
-    out_vals = [n.meta.get("val") for n in gm.graph.nodes if n.op == "output"][0]
-    out_dtypes = [v.dtype if isinstance(v, torch.Tensor) else None for v in pytree.tree_leaves(out_vals)]
+    # the output node itself has no "val": its arguments (the returned nodes) do
+    out_node = next(n for n in gm.graph.nodes if n.op == "output")
+    out_vals = torch.fx.node.map_arg(out_node.args[0], lambda a: a.meta.get("val", _NO_META))
+    out_leaves = pytree.tree_leaves(out_vals)
+    out_dtypes = [v.dtype if isinstance(v, torch.Tensor) else None for v in out_leaves]
+    # each output goes to the device PyTorch traced it on, not the inputs' device: a graph may have no tpu
+    # inputs at all (Qwen2-VL's vision position ids: torch.arange(h, device="tpu") from .tolist() values)
+    out_on_tpu = [v.device.type != "cpu" if isinstance(v, torch.Tensor) else None for v in out_leaves]
     jitted: dict[str, Any] = {}
 
     def traced(*args: Any) -> Any:
@@ -181,10 +190,11 @@ def _compiler(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable[.
             _bump_time("xla_s", time.perf_counter() - start)
         leaves, spec = pytree.tree_flatten(out)
         res = []
-        for x, dt in zip(leaves, out_dtypes + [None] * (len(leaves) - len(out_dtypes)), strict=False):
+        pad = [None] * (len(leaves) - len(out_dtypes))
+        for x, dt, tpu in zip(leaves, out_dtypes + pad, out_on_tpu + pad, strict=False):
             if hasattr(x, "dtype") and hasattr(x, "shape"):
                 dt = dt or dtypes.to_torch(x.dtype)
-                x = T.wrap(x, dt) if on_tpu else T.to_cpu(x, dt)
+                x = T.wrap(x, dt) if (on_tpu if tpu is None else tpu) else T.to_cpu(x, dt)
             res.append(x)
         return list(pytree.tree_unflatten(res, spec))
 

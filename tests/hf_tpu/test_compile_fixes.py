@@ -24,3 +24,22 @@ def test_convolution_padding_given_as_one_element_list(highest) -> None:
     torch.manual_seed(0)
     conv = torch.nn.Conv2d(3, 8, kernel_size=4, stride=4, padding="valid")
     _compiled_vs_cpu(conv, torch.randn(2, 3, 16, 16))
+
+
+def test_graph_without_tpu_inputs_returns_tpu_tensors() -> None:
+    # Qwen2-VL's vision position ids: after a graph break on grid_thw.tolist(), a graph builds tpu tensors from
+    # Python ints only; its outputs came back on CPU and the next graph saw CPU and tpu tensors mixed
+    # ("Tensor device mismatch" during Dynamo's fake-tensor propagation).
+    torch._dynamo.reset()
+
+    def positions(h: int, w: int) -> torch.Tensor:
+        a, b = torch.meshgrid(torch.arange(h, device="tpu"), torch.arange(w, device="tpu"), indexing="ij")
+        return torch.stack([a.flatten(), b.flatten()], dim=-1)
+
+    got = torch.compile(positions, backend="tpu")(3, 4)
+    assert got.device.type == "tpu"
+    want = torch.stack([t.flatten() for t in torch.meshgrid(torch.arange(3), torch.arange(4), indexing="ij")], -1)
+    torch.testing.assert_close(got.cpu(), want)
+    # and a graph that makes a CPU tensor still returns it on CPU
+    cpu_out = torch.compile(lambda x: (x + 1, torch.arange(3)), backend="tpu")(torch.ones(2, device="tpu"))
+    assert cpu_out[0].device.type == "tpu" and cpu_out[1].device.type == "cpu"
