@@ -43,3 +43,17 @@ def test_graph_without_tpu_inputs_returns_tpu_tensors() -> None:
     # and a graph that makes a CPU tensor still returns it on CPU
     cpu_out = torch.compile(lambda x: (x + 1, torch.arange(3)), backend="tpu")(torch.ones(2, device="tpu"))
     assert cpu_out[0].device.type == "tpu" and cpu_out[1].device.type == "cpu"
+
+
+class _Pool(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # FocalNet/DonutSwin pooling: adaptive_avg_pool1d of a transposed (channels-last-looking) tensor makes
+        # PyTorch's kernel call as_strided_ on its output; under AOTAutograd that lands on FunctionalTensor's
+        # data-less wrapper ("this tpu tensor has no data attached")
+        return torch.nn.functional.adaptive_avg_pool1d(x.transpose(1, 2), 1).flatten(1)
+
+
+def test_inplace_view_on_functional_wrapper_updates_metadata_only(highest) -> None:
+    torch.manual_seed(0)
+    _compiled_vs_cpu(_Pool(), torch.randn(2, 9, 16))
+
