@@ -202,6 +202,42 @@ def _compiler(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable[.
     return call
 
 
+def _grouped_mm_fake(fake_mode: Any, func: Any, *args: Any, **kwargs: Any) -> Any:
+    """Fake-tensor rule for aten._grouped_mm on tpu. PyTorch's meta kernel checks CUDA's rules (bfloat16
+    only, 16-byte strides); on tpu grouped_mm takes every dtype (Transformers' MoE calls it with float32
+    there). The output shape follows torch.nn.functional.grouped_mm's documented layouts."""
+    a, b = args[0], args[1]
+    if a.device.type != "tpu":
+        return NotImplemented
+    offs = kwargs.get("offs", args[2] if len(args) > 2 else None)
+    out_dtype = kwargs.get("out_dtype", args[4] if len(args) > 4 else None) or a.dtype
+    if a.dim() == 2 and b.dim() == 3:
+        shape = (a.shape[0], b.shape[2])
+    elif a.dim() == 3 and b.dim() == 3:
+        shape = (a.shape[0], a.shape[1], b.shape[2])
+    elif a.dim() == 2 and b.dim() == 2 and offs is not None:
+        shape = (offs.shape[0], a.shape[0], b.shape[1])
+    elif a.dim() == 3 and b.dim() == 2:
+        shape = (a.shape[1], b.shape[1])
+    else:
+        return NotImplemented  # PyTorch's meta kernel names the problem
+    if a.shape[-1] != b.shape[-2 if b.dim() == 3 else 0]:
+        return NotImplemented
+    with fake_mode:
+        return a.new_empty(shape, dtype=out_dtype)
+
+
+def _register_fake_rules() -> None:
+    from torch._subclasses import fake_impls
+
+    op = torch.ops.aten._grouped_mm.default
+    if op not in fake_impls.op_implementations_dict:
+        fake_impls.register_op_impl(op)(_grouped_mm_fake)
+
+
+_register_fake_rules()
+
+
 @functools.cache
 def _decompositions() -> dict[Any, Any]:
     """Core ATen decompositions, plus torchax's, for ops we have no JAX lowering for."""

@@ -8,6 +8,7 @@ Hand-written lowerings (torchax 0.0.13 has none for these):
   as_strided         -> gather; functional form for compiled graphs (eager keeps aliasing in tensor.py)
   alias, lift_fresh, _to_copy (dtype only), _unsafe_view, expand_copy identity-like helpers
   zero               -> zeros_like (PyTorch's decomposition of zero_ calls zeros_like, which calls zero_)
+  _grouped_mm        -> jax.lax.ragged_dot (MoE experts in compiled graphs; eager runs PyTorch's composite)
 """
 
 from __future__ import annotations
@@ -41,7 +42,47 @@ def _to_copy(x: Any, *, dtype: torch.dtype | None = None, **_: Any) -> Any:
     return x if dtype is None else x.astype(dtypes.to_jax(dtype))
 
 
+def _grouped_mm(a: Any, b: Any, offs: Any = None, bias: Any = None, out_dtype: torch.dtype | None = None) -> Any:
+    """torch._grouped_mm (MoE experts; Transformers uses it on tpu for every dtype). JAX's ragged_dot is the
+    grouped matmul for the forward case (2D tokens x 3D experts); the other layouts PyTorch documents are
+    written with masks. `offs[i]` ends group i; rows (columns) past offs[-1] are zero."""
+    from hf_tpu import runtime
+
+    jax = runtime.jax()
+    jnp = jax.numpy
+    a, b = precision.round_args("mm", (a, b), precision.current())
+    want = dtypes.to_jax(out_dtype) if out_dtype is not None else a.dtype
+    if offs is None:
+        if a.ndim != 3 or b.ndim != 3:
+            raise ValueError(f"_grouped_mm without offs needs 3D operands, got {a.ndim}D and {b.ndim}D")
+        out = jnp.matmul(a, b, preferred_element_type=jnp.float32)
+    else:
+        ends = offs.astype(jnp.int32)
+        starts = jnp.concatenate([jnp.zeros((1,), jnp.int32), ends[:-1]])
+        if a.ndim == 2 and b.ndim == 3:
+            sizes = ends - starts
+            out = jax.lax.ragged_dot(a, b, sizes, preferred_element_type=jnp.float32)
+            rows = jnp.arange(a.shape[0])
+            out = jnp.where((rows < ends[-1])[:, None], out, 0)
+        elif a.ndim == 2 and b.ndim == 2:  # groups split k: out[g] = a[:, s:e] @ b[s:e]
+            k = jnp.arange(a.shape[1])
+            mask = ((k >= starts[:, None]) & (k < ends[:, None])).astype(a.dtype)
+            out = jnp.einsum("mk,gk,kn->gmn", a, mask, b, preferred_element_type=jnp.float32)
+        elif a.ndim == 3 and b.ndim == 2:  # groups split n: out[:, s:e] = a[g] @ b[:, s:e]
+            full = jnp.einsum("gmk,kn->gmn", a, b, preferred_element_type=jnp.float32)
+            n = jnp.arange(b.shape[1])
+            group = jnp.clip(jnp.searchsorted(ends, n, side="right"), 0, a.shape[0] - 1)
+            out = jnp.take_along_axis(full, group[None, None, :], axis=0)[0]
+            out = jnp.where((n < ends[-1])[None, :], out, 0)
+        else:
+            raise ValueError(f"_grouped_mm with offs needs 2D/3D operands, got {a.ndim}D and {b.ndim}D")
+    if bias is not None:
+        out = out + bias
+    return out.astype(want)
+
+
 HAND_LOWERINGS: dict[Any, Callable[..., Any]] = {
+    aten._grouped_mm.default: _grouped_mm,
     aten._fused_sdp_choice.default: lambda *a, **k: 0,
     aten.as_strided.default: _as_strided,
     aten.alias.default: lambda x: x,

@@ -57,3 +57,30 @@ def test_inplace_view_on_functional_wrapper_updates_metadata_only(highest) -> No
     torch.manual_seed(0)
     _compiled_vs_cpu(_Pool(), torch.randn(2, 9, 16))
 
+
+
+def _grouped(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor | None) -> torch.Tensor:
+    return torch.nn.functional.grouped_mm(a, b, offs=offs)
+
+
+def test_grouped_mm_float32_compiles_and_matches_cpu(highest) -> None:
+    # Transformers' MoE experts (OLMoE, ExaoneMoe, Mistral4, MiMo-V2-Flash) call grouped_mm on tpu in float32;
+    # PyTorch's meta kernel allows bfloat16 only ("RuntimeError when making fake tensor call"), and the
+    # compiled graph needs a lowering (jax.lax.ragged_dot)
+    torch.manual_seed(0)
+    offs = torch.tensor([3, 3, 7, 10], dtype=torch.int32)  # an empty group and a tail row past offs[-1]
+    cases = {
+        "2d x 3d": (torch.randn(12, 16), torch.randn(4, 16, 8), offs),
+        "3d x 3d": (torch.randn(4, 6, 16), torch.randn(4, 16, 8), None),
+        "2d x 2d": (torch.randn(8, 12), torch.randn(12, 8), offs),
+        "3d x 2d": (torch.randn(4, 8, 16), torch.randn(16, 12), offs),
+    }
+    for name, (a, b, o) in cases.items():
+        torch._dynamo.reset()
+        want = _grouped(a, b, o)
+        got = torch.compile(_grouped, backend="tpu")(a.to("tpu"), b.to("tpu"), None if o is None else o.to("tpu"))
+        if name == "2d x 3d":  # rows past offs[-1] are unspecified in PyTorch; ours are zero
+            want, got = want[:10], got[:10]
+        elif name == "3d x 2d":
+            want, got = want[:, :10], got[:, :10]
+        torch.testing.assert_close(got.cpu(), want, atol=1e-4, rtol=1e-4, msg=lambda m, n=name: f"{n}: {m}")
