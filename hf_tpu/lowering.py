@@ -8,6 +8,7 @@ Hand-written lowerings (torchax 0.0.13 has none for these):
   as_strided         -> gather; functional form for compiled graphs (eager keeps aliasing in tensor.py)
   alias, lift_fresh, _to_copy (dtype only), _unsafe_view, expand_copy identity-like helpers
   zero               -> zeros_like (PyTorch's decomposition of zero_ calls zeros_like, which calls zero_)
+  _upsample_*2d_aa   -> jax.image.scale_and_translate (torchax's calls a JAX internal that changed)
   _grouped_mm        -> jax.lax.ragged_dot (MoE experts in compiled graphs; eager runs PyTorch's composite)
 """
 
@@ -81,7 +82,37 @@ def _grouped_mm(a: Any, b: Any, offs: Any = None, bias: Any = None, out_dtype: t
     return out.astype(want)
 
 
+def _upsample_aa(method: str) -> Callable[..., Any]:
+    """_upsample_{bilinear,bicubic}2d_aa (antialiased resize) through jax.image.scale_and_translate, the public
+    API: torchax 0.0.13's lowering calls a private JAX table whose entries are no longer callables ('tuple'
+    object is not callable). Half-pixel centres and a filter widened when downsampling, as PyTorch's
+    antialias=True (PIL's rule); its bicubic aa uses Keys' a=-0.5, as JAX's "cubic"."""
+
+    def upsample(x: Any, output_size: Any, align_corners: bool, scales_h: float | None = None,
+                 scales_w: float | None = None) -> Any:
+        from hf_tpu import runtime
+
+        jax = runtime.jax()
+        jnp = jax.numpy
+        dims = (x.ndim - 2, x.ndim - 1)
+        shape = list(x.shape)
+        shape[-2], shape[-1] = int(output_size[-2]), int(output_size[-1])
+        if shape == list(x.shape):
+            return x
+        if align_corners:
+            scale = [(shape[d] - 1.0) / max(x.shape[d] - 1.0, 1.0) for d in dims]
+        else:
+            scale = [float(s) if s else shape[d] / x.shape[d] for s, d in zip((scales_h, scales_w), dims, strict=True)]
+        out = jax.image.scale_and_translate(x, shape, dims, jnp.array(scale, jnp.float32),
+                                            jnp.zeros((2,), jnp.float32), method, antialias=True)
+        return out.astype(x.dtype)
+
+    return upsample
+
+
 HAND_LOWERINGS: dict[Any, Callable[..., Any]] = {
+    aten._upsample_bilinear2d_aa.default: _upsample_aa("linear"),
+    aten._upsample_bicubic2d_aa.default: _upsample_aa("cubic"),
     aten._grouped_mm.default: _grouped_mm,
     aten._fused_sdp_choice.default: lambda *a, **k: 0,
     aten.as_strided.default: _as_strided,

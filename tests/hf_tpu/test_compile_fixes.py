@@ -84,3 +84,33 @@ def test_grouped_mm_float32_compiles_and_matches_cpu(highest) -> None:
         elif name == "3d x 2d":
             want, got = want[:, :10], got[:, :10]
         torch.testing.assert_close(got.cpu(), want, atol=1e-4, rtol=1e-4, msg=lambda m, n=name: f"{n}: {m}")
+
+
+def test_antialiased_resize_matches_cpu_eager_and_compiled(highest) -> None:
+    # Cosmos3-Edge: torchax's _upsample_bilinear2d_aa called a JAX internal that changed ("'tuple' object is
+    # not callable"), in both modes
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 17, 23)
+    for mode in ("bilinear", "bicubic"):
+        for size in ((8, 9), (30, 40)):
+            def resize(t: torch.Tensor, mode: str = mode, size: tuple = size) -> torch.Tensor:
+                return torch.nn.functional.interpolate(t, size=size, mode=mode, antialias=True)
+
+            want = resize(x)
+            torch.testing.assert_close(resize(x.to("tpu")).cpu(), want, atol=1e-4, rtol=1e-4)
+            torch._dynamo.reset()
+            got = torch.compile(resize, backend="tpu")(x.to("tpu"))
+            torch.testing.assert_close(got.cpu(), want, atol=1e-4, rtol=1e-4)
+
+
+def test_assert_async_in_a_compiled_graph() -> None:
+    # Gemma4 vision: torch._assert_async in the graph had no lowering ("no JAX lowering for aten::_assert_async.msg")
+    torch._dynamo.reset()
+
+    def checked(x: torch.Tensor) -> torch.Tensor:
+        torch._assert_async((x.sum() > -1e9), "sum is finite")
+        return x * 2
+
+    x = torch.randn(3, 4)
+    got = torch.compile(checked, backend="tpu")(x.to("tpu"))
+    torch.testing.assert_close(got.cpu(), x * 2)
