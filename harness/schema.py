@@ -3,8 +3,13 @@ change to COLUMNS and say what changed in CHANGES, so nightly files of different
 
 from __future__ import annotations
 
-SCHEMA_VERSION = 1
-CHANGES = {1: "first version"}
+SCHEMA_VERSION = 2
+CHANGES = {
+    1: "first version",
+    2: "cause and control_error: a compile_fail/fail_to_run row's attribution by its control run "
+       "(harness/sweep/control.py); empty in version-1 files, which read as version 2 with these columns empty",
+}
+CAUSES = ("backend", "upstream")  # the control works | the control fails too
 
 # Status words follow PyTorch's benchmarks/dynamo harness where it has one.
 STATUSES = (
@@ -51,6 +56,9 @@ COLUMNS: list[tuple[str, str, str]] = [
     ("located_module", "str", "diagnose: first module whose output diverges or raises"),
     ("located_op", "str", "diagnose: first ATen op whose result differs or raises"),
     ("repro_path", "str", "diagnose: standalone repro script"),
+    ("cause", "str", "compile_fail/fail_to_run rows: backend (the control works) | upstream (it fails too); "
+                     "control = aot_eager on CPU (compiled), the CPU baseline (eager); empty otherwise"),
+    ("control_error", "str", "upstream rows: how the control failed, 'Type: message'"),
     ("backend", "str", "which backend served tpu, e.g. hf_tpu-jax-cpu or torch_tpu"),
     ("versions", "str", "package versions: torch=..;jax=..;transformers=..;diffusers=.."),
     ("timestamp", "str", "UTC ISO-8601 time the row was written"),
@@ -58,3 +66,15 @@ COLUMNS: list[tuple[str, str, str]] = [
 ]
 COLUMN_NAMES = [c for c, _, _ in COLUMNS]
 KEY = ("entry_id", "mode")
+# Columns added after version 1, with the version that added them: a file of an older version lacks them and
+# reads with them empty (readers: harness.sweep.results.read_csv, harness.ci.runs.read_results_csv).
+ADDED_IN: dict[str, int] = {"cause": 2, "control_error": 2}
+
+
+def absent_in(version: int) -> list[str]:
+    """Columns a file of schema `version` does not have (added later); raises ValueError for a version this
+    hf-tpu does not know (newer than SCHEMA_VERSION, or not a version at all)."""
+    if version not in CHANGES:
+        raise ValueError(f"schema_version {version} is unknown to this hf-tpu (it reads 1..{SCHEMA_VERSION})")
+    return [c for c, v in ADDED_IN.items() if v > version]
+

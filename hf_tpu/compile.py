@@ -81,11 +81,37 @@ def _install_cache_listener() -> None:
 
 
 # ------------------------------------------------------------------------------------ graph -> JAX
+def _no_check(*_: Any, **__: Any) -> None:
+    return None
+
+
+# Ops that lower differently inside a compiled graph than in eager. torch._assert_async (Gemma4 vision checks
+# its patch counts): an XLA program cannot raise on a value it computes, so the check is dropped from the
+# program, as XLA backends do; eager still runs it.
+GRAPH_LOWERINGS: dict[Any, Callable[..., Any]] = {
+    torch.ops.aten._assert_async.default: _no_check,
+    torch.ops.aten._assert_async.msg: _no_check,
+}
+
+
 def _lower_node_target(target: Any) -> Callable[..., Any]:
-    fn = lowering.find(target)
+    fn = GRAPH_LOWERINGS.get(target) or lowering.find(target)
     if fn is None:
         raise lowering.NoLowering(target, " (in a compiled graph)")
     return fn
+
+
+def _mutable(obj: Any) -> Any:
+    """FX keeps a node's list/dict arguments as immutable_list/immutable_dict; lowerings written for eager
+    calls may change their arguments in place (torchax's convolution does `padding *= n`), so each call
+    gets plain, fresh containers."""
+    if isinstance(obj, list):
+        return [_mutable(x) for x in obj]
+    if type(obj) is tuple:
+        return tuple(_mutable(x) for x in obj)
+    if isinstance(obj, dict):
+        return {k: _mutable(v) for k, v in obj.items()}
+    return obj
 
 
 def to_jax_function(gm: torch.fx.GraphModule) -> Callable[..., Any]:
@@ -107,7 +133,7 @@ def to_jax_function(gm: torch.fx.GraphModule) -> Callable[..., Any]:
                 attr = getattr(gm, n.target)
                 env[n] = T.from_cpu(attr) if attr.device.type == "cpu" else T.value(attr)
             elif n.op == "call_function":
-                args, kwargs = torch.fx.node.map_arg((n.args, n.kwargs), lambda a: env[a])
+                args, kwargs = _mutable(torch.fx.node.map_arg((n.args, n.kwargs), lambda a: env[a]))
                 if n in fns:
                     res = fns[n](*args, **kwargs)
                     val = n.meta.get("val")
@@ -128,6 +154,9 @@ def to_jax_function(gm: torch.fx.GraphModule) -> Callable[..., Any]:
     return run
 
 
+_NO_META = object()  # a pytree leaf standing for an output node without a traced value
+
+
 def _compiler(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
     from hf_tpu import runtime
 
@@ -135,8 +164,14 @@ def _compiler(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable[.
     _install_cache_listener()
     fn = to_jax_function(gm)
     static = tuple(i for i, ex in enumerate(example_inputs) if not isinstance(ex, torch.Tensor))
-    out_vals = [n.meta.get("val") for n in gm.graph.nodes if n.op == "output"][0]
-    out_dtypes = [v.dtype if isinstance(v, torch.Tensor) else None for v in pytree.tree_leaves(out_vals)]
+    # the output node itself has no "val": its arguments (the returned nodes) do
+    out_node = next(n for n in gm.graph.nodes if n.op == "output")
+    out_vals = torch.fx.node.map_arg(out_node.args[0], lambda a: a.meta.get("val", _NO_META))
+    out_leaves = pytree.tree_leaves(out_vals)
+    out_dtypes = [v.dtype if isinstance(v, torch.Tensor) else None for v in out_leaves]
+    # each output goes to the device PyTorch traced it on, not the inputs' device: a graph may have no tpu
+    # inputs at all (Qwen2-VL's vision position ids: torch.arange(h, device="tpu") from .tolist() values)
+    out_on_tpu = [v.device.type != "cpu" if isinstance(v, torch.Tensor) else None for v in out_leaves]
     jitted: dict[str, Any] = {}
 
     def traced(*args: Any) -> Any:
@@ -168,15 +203,52 @@ def _compiler(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable[.
             _bump_time("xla_s", time.perf_counter() - start)
         leaves, spec = pytree.tree_flatten(out)
         res = []
-        for x, dt in zip(leaves, out_dtypes + [None] * (len(leaves) - len(out_dtypes)), strict=False):
+        pad = [None] * (len(leaves) - len(out_dtypes))
+        for x, dt, tpu in zip(leaves, out_dtypes + pad, out_on_tpu + pad, strict=False):
             if hasattr(x, "dtype") and hasattr(x, "shape"):
                 dt = dt or dtypes.to_torch(x.dtype)
-                x = T.wrap(x, dt) if on_tpu else T.to_cpu(x, dt)
+                x = T.wrap(x, dt) if (on_tpu if tpu is None else tpu) else T.to_cpu(x, dt)
             res.append(x)
         return list(pytree.tree_unflatten(res, spec))
 
     call._boxed_call = True  # type: ignore[attr-defined]
     return call
+
+
+def _grouped_mm_fake(fake_mode: Any, func: Any, *args: Any, **kwargs: Any) -> Any:
+    """Fake-tensor rule for aten._grouped_mm on tpu. PyTorch's meta kernel checks CUDA's rules (bfloat16
+    only, 16-byte strides); on tpu grouped_mm takes every dtype (Transformers' MoE calls it with float32
+    there). The output shape follows torch.nn.functional.grouped_mm's documented layouts."""
+    a, b = args[0], args[1]
+    if a.device.type != "tpu":
+        return NotImplemented
+    offs = kwargs.get("offs", args[2] if len(args) > 2 else None)
+    out_dtype = kwargs.get("out_dtype", args[4] if len(args) > 4 else None) or a.dtype
+    if a.dim() == 2 and b.dim() == 3:
+        shape = (a.shape[0], b.shape[2])
+    elif a.dim() == 3 and b.dim() == 3:
+        shape = (a.shape[0], a.shape[1], b.shape[2])
+    elif a.dim() == 2 and b.dim() == 2 and offs is not None:
+        shape = (offs.shape[0], a.shape[0], b.shape[1])
+    elif a.dim() == 3 and b.dim() == 2:
+        shape = (a.shape[1], b.shape[1])
+    else:
+        return NotImplemented  # PyTorch's meta kernel names the problem
+    if a.shape[-1] != b.shape[-2 if b.dim() == 3 else 0]:
+        return NotImplemented
+    with fake_mode:
+        return a.new_empty(shape, dtype=out_dtype)
+
+
+def _register_fake_rules() -> None:
+    from torch._subclasses import fake_impls
+
+    op = torch.ops.aten._grouped_mm.default
+    if op not in fake_impls.op_implementations_dict:
+        fake_impls.register_op_impl(op)(_grouped_mm_fake)
+
+
+_register_fake_rules()
 
 
 @functools.cache

@@ -185,7 +185,8 @@ def _register_direct_kernels() -> None:
                     continue  # decomposes above autograd: a backend kernel would never run
                 if torch._C._dispatch_has_kernel_for_dispatch_key(qual, "PrivateUse1"):
                     continue
-                _aten_lib.impl(op, functools.partial(_direct, op), "PrivateUse1")
+                kernel = _direct_inplace_view if torch.Tag.inplace_view in op.tags else _direct
+                _aten_lib.impl(op, functools.partial(kernel, op), "PrivateUse1")
             except RuntimeError:
                 continue  # a Python-only overload (e.g. aten::__and__.bool): nothing to dispatch
 
@@ -197,6 +198,18 @@ def _direct(op: Any, *args: Any, **kwargs: Any) -> Any:
     # No import statement here: this runs on every op, and an import costs microseconds even when cached.
     # The module's attribute is looked up on each call, so a wrapper put there (harness.diagnose's probe)
     # sees every op.
+    return _dispatch_module.dispatch(op, args, kwargs)
+
+
+_CPU_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
+
+
+def _direct_inplace_view(op: Any, *args: Any, **kwargs: Any) -> Any:
+    # FunctionalTensorMode (AOTAutograd) calls in-place view ops (as_strided_, e.g. adaptive_avg_pool2d's
+    # channels-last output) on its data-less wrapper to update sizes and strides only; the kernel CPU and
+    # every backend without its own use (the composite one) does exactly that.
+    if type(args[0]) is not torch.Tensor and not isinstance(args[0], torch.nn.Parameter):
+        return op.redispatch(_CPU_KEYS, *args, **kwargs)
     return _dispatch_module.dispatch(op, args, kwargs)
 
 
@@ -244,7 +257,7 @@ def register() -> bool:
 
     from hf_tpu import module_moves, precision
 
-    for fn in (_fallback, _direct):
+    for fn in (_fallback, _direct, _direct_inplace_view):
         _never_traced_by_dynamo(fn)
     _setup_privateuseone_for_python_backend(NAME, backend_module=TpuModule(), hook=_Hooks(), device_guard=_Guard())
     _lib = torch.library.Library("_", "IMPL")  # noqa: TOR901 - a backend fallback, held for the process

@@ -9,6 +9,8 @@ Hand-written lowerings (torchax 0.0.13 has none for these):
                         compiled graphs (eager keeps aliasing in tensor.py)
   alias, lift_fresh, _to_copy (dtype only), _unsafe_view, expand_copy identity-like helpers
   zero               -> zeros_like (PyTorch's decomposition of zero_ calls zeros_like, which calls zero_)
+  _upsample_*2d_aa   -> jax.image.scale_and_translate (torchax's calls a JAX internal that changed)
+  _grouped_mm        -> jax.lax.ragged_dot (MoE experts in compiled graphs; eager runs PyTorch's composite)
 """
 
 from __future__ import annotations
@@ -44,7 +46,77 @@ def _to_copy(x: Any, *, dtype: torch.dtype | None = None, **_: Any) -> Any:
     return x if dtype is None else x.astype(dtypes.to_jax(dtype))
 
 
+def _grouped_mm(a: Any, b: Any, offs: Any = None, bias: Any = None, out_dtype: torch.dtype | None = None) -> Any:
+    """torch._grouped_mm (MoE experts; Transformers uses it on tpu for every dtype). JAX's ragged_dot is the
+    grouped matmul for the forward case (2D tokens x 3D experts); the other layouts PyTorch documents are
+    written with masks. `offs[i]` ends group i; rows (columns) past offs[-1] are zero."""
+    from hf_tpu import runtime
+
+    jax = runtime.jax()
+    jnp = jax.numpy
+    a, b = precision.round_args("mm", (a, b), precision.current())
+    want = dtypes.to_jax(out_dtype) if out_dtype is not None else a.dtype
+    if offs is None:
+        if a.ndim != 3 or b.ndim != 3:
+            raise ValueError(f"_grouped_mm without offs needs 3D operands, got {a.ndim}D and {b.ndim}D")
+        out = jnp.matmul(a, b, preferred_element_type=jnp.float32)
+    else:
+        ends = offs.astype(jnp.int32)
+        starts = jnp.concatenate([jnp.zeros((1,), jnp.int32), ends[:-1]])
+        if a.ndim == 2 and b.ndim == 3:
+            sizes = ends - starts
+            out = jax.lax.ragged_dot(a, b, sizes, preferred_element_type=jnp.float32)
+            rows = jnp.arange(a.shape[0])
+            out = jnp.where((rows < ends[-1])[:, None], out, 0)
+        elif a.ndim == 2 and b.ndim == 2:  # groups split k: out[g] = a[:, s:e] @ b[s:e]
+            k = jnp.arange(a.shape[1])
+            mask = ((k >= starts[:, None]) & (k < ends[:, None])).astype(a.dtype)
+            out = jnp.einsum("mk,gk,kn->gmn", a, mask, b, preferred_element_type=jnp.float32)
+        elif a.ndim == 3 and b.ndim == 2:  # groups split n: out[:, s:e] = a[g] @ b[:, s:e]
+            full = jnp.einsum("gmk,kn->gmn", a, b, preferred_element_type=jnp.float32)
+            n = jnp.arange(b.shape[1])
+            group = jnp.clip(jnp.searchsorted(ends, n, side="right"), 0, a.shape[0] - 1)
+            out = jnp.take_along_axis(full, group[None, None, :], axis=0)[0]
+            out = jnp.where((n < ends[-1])[None, :], out, 0)
+        else:
+            raise ValueError(f"_grouped_mm with offs needs 2D/3D operands, got {a.ndim}D and {b.ndim}D")
+    if bias is not None:
+        out = out + bias
+    return out.astype(want)
+
+
+def _upsample_aa(method: str) -> Callable[..., Any]:
+    """_upsample_{bilinear,bicubic}2d_aa (antialiased resize) through jax.image.scale_and_translate, the public
+    API: torchax 0.0.13's lowering calls a private JAX table whose entries are no longer callables ('tuple'
+    object is not callable). Half-pixel centres and a filter widened when downsampling, as PyTorch's
+    antialias=True (PIL's rule); its bicubic aa uses Keys' a=-0.5, as JAX's "cubic"."""
+
+    def upsample(x: Any, output_size: Any, align_corners: bool, scales_h: float | None = None,
+                 scales_w: float | None = None) -> Any:
+        from hf_tpu import runtime
+
+        jax = runtime.jax()
+        jnp = jax.numpy
+        dims = (x.ndim - 2, x.ndim - 1)
+        shape = list(x.shape)
+        shape[-2], shape[-1] = int(output_size[-2]), int(output_size[-1])
+        if shape == list(x.shape):
+            return x
+        if align_corners:
+            scale = [(shape[d] - 1.0) / max(x.shape[d] - 1.0, 1.0) for d in dims]
+        else:
+            scale = [float(s) if s else shape[d] / x.shape[d] for s, d in zip((scales_h, scales_w), dims, strict=True)]
+        out = jax.image.scale_and_translate(x, shape, dims, jnp.array(scale, jnp.float32),
+                                            jnp.zeros((2,), jnp.float32), method, antialias=True)
+        return out.astype(x.dtype)
+
+    return upsample
+
+
 HAND_LOWERINGS: dict[Any, Callable[..., Any]] = {
+    aten._upsample_bilinear2d_aa.default: _upsample_aa("linear"),
+    aten._upsample_bicubic2d_aa.default: _upsample_aa("cubic"),
+    aten._grouped_mm.default: _grouped_mm,
     aten._fused_sdp_choice.default: lambda *a, **k: 0,
     aten.as_strided.default: _as_strided,
     aten.alias.default: lambda x: x,

@@ -5,6 +5,8 @@ Definitions (one place, used by the dashboard and available to the sweep's cover
 - denominator rows: status not in schema.EXCLUDED_FROM_DENOMINATOR (baseline_fail, not_available, skipped
   say nothing about the backend);
 - crash-free %: denominator rows whose status is not in schema.RUN_FAILURES, over the denominator;
+- crash-free where the control works %: the same over the denominator rows whose `cause` is not `upstream`
+  (a compile_fail/fail_to_run row whose control, aot_eager on CPU, fails too: no backend could run it);
 - numerics-match %: `pass` rows over the rows that ran (pass + fail_accuracy), i.e. of the rows that
   produced outputs, how many matched the baseline.
 A figure with an empty denominator has pct None (shown as "n/a"), never 0 % or 100 %.
@@ -43,6 +45,8 @@ class Headline:
     excluded: int  # rows left out of the denominators
     crash_free: Figure
     numerics_match: Figure
+    crash_free_control: Figure  # over the rows whose control works (cause != upstream)
+    upstream: int  # run failures whose control fails too
 
 
 def fmt_pct(pct: float | None) -> str:
@@ -53,11 +57,20 @@ def in_denominator(df: pd.DataFrame) -> pd.Series:
     return ~df["status"].isin(schema.EXCLUDED_FROM_DENOMINATOR)
 
 
+def cause_of(df: pd.DataFrame) -> pd.Series:
+    """The `cause` column ('' where absent: frames of schema version 1)."""
+    if "cause" not in df.columns:
+        return pd.Series([""] * len(df), index=df.index, dtype=object)
+    return df["cause"].fillna("").astype(str)
+
+
 def headline(df: pd.DataFrame) -> Headline:
-    """Crash-free % and numerics-match % over all rows of df."""
+    """Crash-free % (over all rows, and over rows whose control works) and numerics-match % of df."""
     st = df["status"]
     den = int(in_denominator(df).sum())
-    crashes = int(st.isin(schema.RUN_FAILURES).sum())
+    crash = st.isin(schema.RUN_FAILURES)
+    crashes = int(crash.sum())
+    upstream = int((crash & (cause_of(df) == "upstream")).sum())
     ran = int(st.isin(RAN).sum())
     passed = int((st == "pass").sum())
     return Headline(
@@ -65,6 +78,8 @@ def headline(df: pd.DataFrame) -> Headline:
         excluded=len(df) - den,
         crash_free=Figure(den - crashes, den),
         numerics_match=Figure(passed, ran),
+        crash_free_control=Figure(den - crashes, den - upstream),
+        upstream=upstream,
     )
 
 
@@ -72,7 +87,7 @@ def coverage_by(df: pd.DataFrame, by: str | list[str]) -> pd.DataFrame:
     """One row per value of `by` (e.g. "mode", "task", "library"): the headline figures and status counts.
 
     Columns: by..., rows, excluded, denominator, crash_free, crash_free_pct, ran, numerics_match,
-    numerics_match_pct, then one count column per status in schema.STATUSES (named after the status).
+    numerics_match_pct, denominator_control, crash_free_control_pct, upstream, then one count column per status in schema.STATUSES (named after the status).
     Sorted by `by` (modes in schema.MODES order). A group with an empty denominator has pct NaN.
     """
     keys = [by] if isinstance(by, str) else list(by)
@@ -90,6 +105,9 @@ def coverage_by(df: pd.DataFrame, by: str | list[str]) -> pd.DataFrame:
             ran=h.numerics_match.den,
             numerics_match=h.numerics_match.num,
             numerics_match_pct=h.numerics_match.pct,
+            denominator_control=h.crash_free_control.den,
+            crash_free_control_pct=h.crash_free_control.pct,
+            upstream=h.upstream,
         )
         vc = g["status"].value_counts()
         rec.update({s: int(vc.get(s, 0)) for s in schema.STATUSES})
@@ -103,6 +121,9 @@ def coverage_by(df: pd.DataFrame, by: str | list[str]) -> pd.DataFrame:
         "ran",
         "numerics_match",
         "numerics_match_pct",
+        "denominator_control",
+        "crash_free_control_pct",
+        "upstream",
         *schema.STATUSES,
     ]
     t = pd.DataFrame(out, columns=cols)
@@ -129,7 +150,7 @@ def normalise_message(msg: str, limit: int = 160) -> str:
     return s if len(s) <= limit else s[: limit - 1] + "…"
 
 
-CRASH_COLUMNS = ["failing_op", "error_type", "message", "entries", "rows", "statuses", "modes", "examples",
+CRASH_COLUMNS = ["cause", "failing_op", "error_type", "message", "entries", "rows", "statuses", "modes", "examples",
                  "located_op", "located_modules"]
 
 
@@ -146,10 +167,14 @@ def _modules(g: pd.DataFrame, n: int = 3) -> str:
     return ", ".join(mods[:n]) + (f", … (+{len(mods) - n})" if len(mods) > n else "")
 
 
+CAUSE_ORDER = {"backend": 0, "upstream": 1, "": 2}
+
+
 def crash_table(df: pd.DataFrame, examples: int = 3) -> pd.DataFrame:
-    """Run failures (schema.RUN_FAILURES) grouped by root cause = (op, error_type, normalised message), where
-    op is the row's located_op when `hf-tpu sweep --diagnose` found one, else its failing_op; sorted by distinct
-    entries affected (then rows). `examples` entry ids are listed per group, with the located op and the
+    """Run failures (schema.RUN_FAILURES) grouped by cause first (backend, upstream, then '' = no control ran:
+    timeouts, crashes, rows of schema version 1), then root cause = (op, error_type, normalised message), where
+    op is the row's located_op when `hf-tpu sweep --diagnose` found one, else its failing_op; within a cause
+    sorted by distinct entries affected (then rows). `examples` entry ids are listed per group, with the located op and the
     modules it was called from (most frequent first)."""
     f = df[df["status"].isin(schema.RUN_FAILURES)].copy()
     if f.empty:
@@ -158,12 +183,14 @@ def crash_table(df: pd.DataFrame, examples: int = 3) -> pd.DataFrame:
     f["_located"] = _located(f, "located_op")
     f["_module"] = _located(f, "located_module")
     f["_op"] = f["_located"].where(f["_located"] != "", f["failing_op"])
+    f["_cause"] = cause_of(f)
     out = []
-    for (_, et, msg), g in f.groupby(["_op", "error_type", "message"], sort=False):
+    for (cause, _, et, msg), g in f.groupby(["_cause", "_op", "error_type", "message"], sort=False):
         ids = sorted(g["entry_id"].unique())
         ops = list(dict.fromkeys(g["failing_op"]))
         out.append(
             {
+                "cause": cause,
                 "failing_op": ops[0] if len(ops) == 1 else ", ".join(o for o in ops if o),
                 "error_type": et,
                 "message": msg,
@@ -177,11 +204,12 @@ def crash_table(df: pd.DataFrame, examples: int = 3) -> pd.DataFrame:
             }
         )
     t = pd.DataFrame(out, columns=CRASH_COLUMNS)
+    t["_rank"] = t["cause"].map(CAUSE_ORDER).fillna(len(CAUSE_ORDER))
     return t.sort_values(
-        ["entries", "rows", "failing_op", "error_type", "message"],
-        ascending=[False, False, True, True, True],
+        ["_rank", "entries", "rows", "failing_op", "error_type", "message"],
+        ascending=[True, False, False, True, True, True],
         kind="stable",
-    ).reset_index(drop=True)
+    ).drop(columns="_rank").reset_index(drop=True)
 
 
 NUMERICS_COLUMNS = [
@@ -261,6 +289,8 @@ def coverage_markdown(df: pd.DataFrame, worst: int = 20) -> str:
         "# Coverage",
         "",
         f"- **crash-free**: {h.crash_free}",
+        f"- **crash-free where the control works**: {h.crash_free_control} ({h.upstream} run failures are "
+        "`upstream`: aot_eager on CPU fails too)",
         f"- **numerics-match**: {h.numerics_match}",
         f"- rows: {h.rows}, of which {h.excluded} excluded from the denominators "
         f"({', '.join(schema.EXCLUDED_FROM_DENOMINATOR)})",
@@ -268,10 +298,13 @@ def coverage_markdown(df: pd.DataFrame, worst: int = 20) -> str:
     ]
     for col, title in (("mode", "mode"), ("task", "task family"), ("library", "library")):
         t = coverage_by(df, col)
-        lines += [f"## By {title}", "", f"| {title} | crash-free | numerics-match | excluded |", "|---|---:|---:|---:|"]
+        lines += [f"## By {title}", "",
+                  f"| {title} | crash-free | crash-free (control works) | numerics-match | excluded |",
+                  "|---|---:|---:|---:|---:|"]
         for _, r in t.iterrows():
             lines.append(
                 f"| {r[col]} | {Figure(r['crash_free'], r['denominator'])} "
+                f"| {Figure(r['crash_free'], r['denominator_control'])} "
                 f"| {Figure(r['numerics_match'], r['ran'])} | {r['excluded']} |"
             )
         lines.append("")
@@ -282,12 +315,12 @@ def coverage_markdown(df: pd.DataFrame, worst: int = 20) -> str:
     else:
         located = bool((ct["located_op"] != "").any() or (ct["located_modules"] != "").any())
         extra_h, extra_s = (" located op | modules |", "---|---|") if located else ("", "")
-        lines += [f"| entries | rows | failing op | error | message | statuses | examples |{extra_h}",
-                  f"|---:|---:|---|---|---|---|---|{extra_s}"]
+        lines += [f"| cause | entries | rows | failing op | error | message | statuses | examples |{extra_h}",
+                  f"|---|---:|---:|---|---|---|---|---|{extra_s}"]
         for _, r in ct.iterrows():
             extra = f" {_md(r['located_op'])} | {_md(r['located_modules'])} |" if located else ""
             lines.append(
-                f"| {r['entries']} | {r['rows']} | {_md(r['failing_op'])} | {_md(r['error_type'])} | {_md(r['message'])} "
+                f"| {r['cause'] or '?'} | {r['entries']} | {r['rows']} | {_md(r['failing_op'])} | {_md(r['error_type'])} | {_md(r['message'])} "
                 f"| {r['statuses']} | {_md(r['examples'])} |{extra}"
             )
     nb = numerics_by_op(df)

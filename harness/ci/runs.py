@@ -84,15 +84,19 @@ def read_results_csv(csv_path: Path) -> pd.DataFrame:
             f"`hf-tpu merge` that wrote it"
         ) from None
 
-    missing = [c for c in schema.COLUMN_NAMES if c not in df.columns]
     if "schema_version" in df.columns and len(df):
         versions = sorted(set(df["schema_version"]))
-        if versions != [str(schema.SCHEMA_VERSION)]:
+        known = {str(v) for v in schema.CHANGES}
+        if not set(versions) <= known:
             raise InputError(
-                f"{csv_path} has schema_version {', '.join(versions)} but this hf-tpu reads version "
-                f"{schema.SCHEMA_VERSION} ({schema.CHANGES.get(schema.SCHEMA_VERSION, '')}); re-run the sweep "
+                f"{csv_path} has schema_version {', '.join(versions)} but this hf-tpu reads versions "
+                f"1..{schema.SCHEMA_VERSION} ({schema.CHANGES.get(schema.SCHEMA_VERSION, '')}); re-run the sweep "
                 f"with this hf-tpu, or read it with the hf-tpu version that wrote it"
             )
+        for c in schema.absent_in(min(int(v) for v in versions)):  # an older file: columns added since are empty
+            if c not in df.columns:
+                df[c] = ""
+    missing = [c for c in schema.COLUMN_NAMES if c not in df.columns]
     if missing:
         raise InputError(
             f"{csv_path} lacks the schema column(s) {', '.join(missing)}; it was not written by "

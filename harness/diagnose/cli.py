@@ -1,5 +1,8 @@
 """`hf-tpu diagnose ENTRY [--mode eager|compiled] [--out DIR]`: where one entry first goes wrong on `tpu`.
 
+Without --mode: the failing mode of the entry in the newest results.csv under --reports that has it, else
+eager, then compiled if eager passes (harness/diagnose/pick.py).
+
 Exit status: 0 when the entry passes, 1 when it fails (diagnosed: see the report and the repro), 2 on bad input
 (unknown entry)."""
 
@@ -13,7 +16,10 @@ from pathlib import Path
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("entry", help="zoo entry id, e.g. transformers/llama/LlamaForCausalLM (test/<kind> for the "
                                  "sweep's test entries)")
-    p.add_argument("--mode", default="eager", choices=("eager", "compiled"))
+    p.add_argument("--mode", default=None, choices=("eager", "compiled"),
+                   help="default: the failing mode in the newest results.csv with the entry, else try both")
+    p.add_argument("--reports", default="reports", help="where to look for results.csv files when --mode is "
+                                                         "not given (default reports/)")
     p.add_argument("--out", default=None, help="report directory (default reports/diagnose/<entry>--<mode>)")
     p.add_argument("--zoo", default=None, help="where to find the entry: full (default) | smoke | a models-list CSV")
     p.add_argument("--precision", default="highest", choices=("highest", "high", "medium"))
@@ -39,10 +45,28 @@ def run(args) -> int:
     except (KeyError, ValueError) as exc:
         print(f"hf-tpu diagnose: error: {exc.args[0] if exc.args else exc}", file=sys.stderr)
         return 2
-    out = Path(args.out) if args.out else Path("reports") / "diagnose" / safe_dirname(entry.id, args.mode)
-    out.mkdir(parents=True, exist_ok=True)
-    d = diagnose_entry(entry, args.mode, out, precision=args.precision, dtype=args.dtype, seed=args.seed,
-                       overrides=overrides)
+    kw = dict(precision=args.precision, dtype=args.dtype, seed=args.seed, overrides=overrides)
+
+    def diagnose(mode: str):
+        out = Path(args.out) if args.out else Path("reports") / "diagnose" / safe_dirname(entry.id, mode)
+        out.mkdir(parents=True, exist_ok=True)
+        return diagnose_entry(entry, mode, out, **kw)
+
+    if args.mode:
+        d = diagnose(args.mode)
+    else:
+        from harness.diagnose.pick import mode_from_results
+
+        mode, source = mode_from_results(entry.id, args.reports)
+        if mode:
+            print(f"hf-tpu diagnose: mode {mode} (failing in {source})", file=sys.stderr)
+            d = diagnose(mode)
+        else:
+            why = f"passes in {source}" if source else f"no results.csv under {args.reports} has it"
+            print(f"hf-tpu diagnose: {entry.id} {why}: trying eager, then compiled", file=sys.stderr)
+            d = diagnose("eager")
+            if d.status == "pass":
+                d = diagnose("compiled")
     if args.json:
         print(json.dumps(d.to_json(), indent=2, default=str))
     else:

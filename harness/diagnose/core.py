@@ -44,8 +44,15 @@ from harness.diagnose.ops import (
     spec_text,
     to_device,
 )
+from harness.entry_calls import (
+    compile_call,
+    during_compile,
+    output_tensors,
+    prepare_inputs,
+    prepare_model,
+    to_cpu,
+)
 from harness.sweep import errors, numerics
-from harness.sweep.runner import _during_compile, output_tensors, prepare_inputs, prepare_model, to_cpu
 
 FAILING = ("fail_accuracy", "fail_to_run", "compile_fail")
 
@@ -171,7 +178,7 @@ def _compiled_run(built, model, dtype, seed: int):
     out, exc = None, None
     with C.watch() as graphs:
         try:
-            fn = torch.compile(built.call, backend="tpu", dynamic=False)
+            fn = compile_call(built.call, model, "tpu")  # as the sweep compiles it (pipelines: the denoiser)
             with torch.no_grad():
                 torch.manual_seed(seed)
                 out = to_cpu(output_tensors(fn(model, prepare_inputs(built.inputs, "tpu", dtype))))
@@ -231,8 +238,8 @@ def diagnose_built(built, entry_id: str, mode: str = "eager", *, out_dir: str | 
 
     if run_exc is not None:
         d.status = "fail_to_run"
-        if mode == "compiled" and (errors.is_compile_error(run_exc) or _during_compile(run_exc)):
-            d.status = "compile_fail"  # the sweep's rule (harness/sweep/runner.py)
+        if mode == "compiled" and (errors.is_compile_error(run_exc) or during_compile(run_exc)):
+            d.status = "compile_fail"  # the sweep's rule (harness/entry_calls.py: failure_status)
         cause = errors.root_cause(run_exc)
         d.error_type, d.error_message = type(cause).__name__, _first_line(cause)
         d.located_op = errors.failing_op(run_exc)

@@ -204,7 +204,7 @@ def write_module_repro(path: Path, module: torch.nn.Module, args: tuple, kwargs:
 
 _ENTRY_BODY = """
 from harness.diagnose.core import find_entry
-from harness.sweep.runner import output_tensors, prepare_inputs, prepare_model
+from harness.entry_calls import output_tensors, prepare_inputs, prepare_model
 
 ENTRY = {entry_id!r}
 built = find_entry(ENTRY).build(seed=0)  # the zoo entry, rebuilt: same weights and inputs on CPU and tpu

@@ -164,6 +164,7 @@ class InlineExecutor:
         from harness.sweep.device import get_device
         from harness.sweep.numerics import load_overrides
         from harness.sweep.runner import run_entry
+        from harness.sweep.worker import merge_cause
 
         device = get_device(self.opts.device)
         device.setup()
@@ -175,6 +176,8 @@ class InlineExecutor:
             def emit(kind, payload, rows=rows):
                 if kind == "row":
                     rows.append(payload)
+                elif kind == "cause":
+                    merge_cause(rows, payload)
 
             run_entry(e, tuple(self.opts.modes), self.opts, device, emit, overrides=overrides)
             on_done(e, rows, time.monotonic() - t0)

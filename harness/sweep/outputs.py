@@ -20,6 +20,8 @@ def headline(df) -> dict:
     h = coverage.headline(df)
     return {"rows": h.rows, "excluded": h.excluded,
             "crash_free": h.crash_free.num, "counted": h.crash_free.den, "crash_free_pct": h.crash_free.pct,
+            "counted_control": h.crash_free_control.den, "crash_free_control_pct": h.crash_free_control.pct,
+            "upstream": h.upstream,
             "passed": h.numerics_match.num, "ran": h.numerics_match.den, "numerics_match_pct": h.numerics_match.pct,
             "entries": int(df["entry_id"].nunique()) if len(df) else 0,
             "statuses": {k: int(v) for k, v in df["status"].value_counts().items()}}
@@ -27,7 +29,8 @@ def headline(df) -> dict:
 
 def headline_text(df) -> str:
     h = coverage.headline(df)
-    return f"crash-free {h.crash_free}, numerics-match {h.numerics_match}"
+    return (f"crash-free {h.crash_free} (where the control works {h.crash_free_control}), "
+            f"numerics-match {h.numerics_match}")
 
 
 def md_table(headers: list[str], rows: list[list]) -> str:
@@ -39,11 +42,14 @@ def md_table(headers: list[str], rows: list[list]) -> str:
 def crashes_md(df) -> str:
     t = coverage.crash_table(df)
     head = ("# Run failures by root cause\n\nStatuses " + ", ".join(f"`{s}`" for s in RUN_FAILURES)
-            + "; grouped by (failing op, exception type, normalised message), sorted by entries affected.\n\n")
+            + "; grouped by cause (`backend`: aot_eager on CPU runs the entry; `upstream`: it fails too; `?`: no "
+            "control ran), then by (failing op, exception type, normalised message), sorted by entries affected.\n\n")
     if t.empty:
         return head + "No run failures.\n"
-    cols = ["entries", "rows", "failing_op", "error_type", "message", "statuses", "modes", "examples"]
-    return head + md_table(["entries", "rows", "failing op", "error", "message", "statuses", "modes", "examples"],
+    t = t.assign(cause=t["cause"].where(t["cause"] != "", "?"))
+    cols = ["cause", "entries", "rows", "failing_op", "error_type", "message", "statuses", "modes", "examples"]
+    return head + md_table(["cause", "entries", "rows", "failing op", "error", "message", "statuses", "modes",
+                            "examples"],
                            t[cols].head(CRASH_TOP).values.tolist())
 
 

@@ -13,7 +13,17 @@ import re
 import tempfile
 from pathlib import Path
 
-from harness.schema import COLUMN_NAMES, COLUMNS, KEY, MODES, SCHEMA_VERSION, STATUSES
+from harness.schema import (
+    CAUSES,
+    CHANGES,
+    COLUMN_NAMES,
+    COLUMNS,
+    KEY,
+    MODES,
+    SCHEMA_VERSION,
+    STATUSES,
+    absent_in,
+)
 
 RUN_FILE = "run.json"
 ROWS_DIR = "rows"
@@ -130,7 +140,18 @@ def read_csv(path: str | Path):
 
     dtypes = {n: ("float64" if t == "float" else "Int64" if t == "int" else str) for n, t, _ in COLUMNS}
     df = pd.read_csv(path, dtype=dtypes, keep_default_na=False, na_values={n: [""] for n, t, _ in COLUMNS if t != "str"})
-    return df
+    return upgrade(df)
+
+
+def upgrade(df):
+    """A frame of an older schema version with the columns added since (empty), in schema order."""
+    if "schema_version" not in df.columns or not len(df):
+        return df
+    oldest = int(df["schema_version"].min())
+    for c in absent_in(oldest):
+        if c not in df.columns:
+            df[c] = ""
+    return df[[c for c in COLUMN_NAMES if c in df.columns] + [c for c in df.columns if c not in COLUMN_NAMES]]
 
 
 def validate(df) -> list[str]:
@@ -148,8 +169,12 @@ def validate(df) -> list[str]:
     dup = df.duplicated(list(KEY), keep=False)
     if dup.any():
         problems.append(f"duplicate keys: {df.loc[dup, list(KEY)].values.tolist()[:5]}")
-    if (df["schema_version"].astype("Int64") != SCHEMA_VERSION).any():
-        problems.append("rows with another schema_version")
+    unknown = sorted(set(df["schema_version"].astype("Int64").dropna()) - set(CHANGES))
+    if unknown:
+        problems.append(f"rows with unknown schema_version {unknown} (this hf-tpu reads 1..{SCHEMA_VERSION})")
+    bad = sorted(set(df["cause"]) - set(CAUSES) - {""})
+    if bad:
+        problems.append(f"unknown causes {bad}")
     for name, typ, _ in COLUMNS:
         if typ in ("float", "int") and str(df[name].dtype) not in ("float64", "Int64", "int64"):
             problems.append(f"column {name} is {df[name].dtype}, expected {typ}")

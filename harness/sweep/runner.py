@@ -1,21 +1,30 @@
 """One entry, all its modes, inside a worker: baseline, float64 reference, then each backend mode.
 
 `run_entry` reports through `emit(kind, payload)`: ("phase", name) before each phase (build, baseline,
-reference, eager, compiled) so that the parent can attribute a dead worker to the phase it died in, and
-("row", row) as each mode's row is complete.
+reference, eager, compiled, control) so that the parent can attribute a dead worker to the phase it died in,
+("row", row) as each mode's row is complete, and ("cause", {mode, cause, control_error}) after a failing
+row's control (harness/sweep/control.py): the parent merges it into that mode's row.
 """
 
 from __future__ import annotations
 
-import copy
 import math
 import statistics
 import time
 from collections.abc import Callable
 from importlib import metadata
 
+from harness.entry_calls import (  # noqa: F401  (re-exported: repro scripts written earlier import them here)
+    compile_call,
+    during_compile,
+    failure_status,
+    output_tensors,
+    prepare_inputs,
+    prepare_model,
+    to_cpu,
+)
 from harness.schema import SCHEMA_VERSION
-from harness.sweep import errors, numerics
+from harness.sweep import control, errors, numerics
 from harness.sweep.device import Device, backend_phase
 from harness.sweep.options import SweepOptions
 
@@ -42,79 +51,6 @@ def base_row(entry, mode: str, opts: SweepOptions, backend: str) -> dict:
         "model_class": entry.model_class, "task": entry.task, "mode": mode, "precision": opts.precision,
         "dtype": opts.dtype, "backend": backend, "versions": versions(), "schema_version": SCHEMA_VERSION,
     }
-
-
-def output_tensors(output) -> dict:
-    try:
-        from harness.zoo import output_tensors as zoo_output_tensors
-    except ImportError:
-        zoo_output_tensors = None
-    if zoo_output_tensors is not None:
-        return dict(zoo_output_tensors(output))
-    return _flatten(output)
-
-
-def _flatten(output, prefix: str = "out") -> dict:
-    import torch
-
-    out: dict = {}
-    if isinstance(output, torch.Tensor):
-        if output.is_floating_point() or output.is_complex():
-            out[prefix] = output
-    elif isinstance(output, dict) or hasattr(output, "items"):
-        for k, v in output.items():
-            out.update(_flatten(v, f"{prefix}.{k}" if prefix != "out" else str(k)))
-    elif isinstance(output, (list, tuple)):
-        for i, v in enumerate(output):
-            out.update(_flatten(v, f"{prefix}.{i}"))
-    return out
-
-
-def _map_tensors(obj, fn):
-    import torch
-
-    if isinstance(obj, torch.Tensor):
-        return fn(obj)
-    if isinstance(obj, torch.Generator):  # generators stay on CPU; a fresh copy each call
-        g = torch.Generator(device=obj.device)
-        g.set_state(obj.get_state())
-        return g
-    if isinstance(obj, dict):
-        return {k: _map_tensors(v, fn) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(_map_tensors(v, fn) for v in obj)
-    return obj
-
-
-def prepare_inputs(inputs: dict, device: str | None = None, dtype=None) -> dict:
-    """A fresh copy of the inputs on `device`, floating tensors cast to `dtype` (generators re-seeded)."""
-
-    def fn(t):
-        if dtype is not None and t.is_floating_point():
-            t = t.to(dtype)
-        return t.to(device) if device is not None else t.clone()
-
-    return _map_tensors(inputs, fn)
-
-
-def prepare_model(model, device: str | None = None, dtype=None, rebuild: Callable | None = None):
-    """A copy of the model (the built one stays untouched on CPU), cast and moved. Where a model cannot be
-    deep-copied, `rebuild()` builds it again (entries are deterministic for a seed)."""
-    try:
-        m = copy.deepcopy(model)
-    except Exception:  # noqa: BLE001
-        if rebuild is None:
-            raise
-        m = rebuild()
-    if dtype is not None:
-        m = m.to(dtype)
-    if device is not None:
-        m = m.to(device)
-    return m
-
-
-def to_cpu(tensors: dict) -> dict:
-    return {k: v.detach().to("cpu") for k, v in tensors.items()}
 
 
 def _torch_dtype(name: str):
@@ -187,30 +123,17 @@ def run_entry(entry, modes: tuple[str, ...], opts: SweepOptions, device: Device,
             emit("phase", mode)  # a fresh --timeout budget for the diagnosis (about 3 runs of the entry)
             row.update(diagnose(entry, built, mode, opts, ref, fp64, overrides))
         emit("row", row)
+        if row.get("status") in control.CONTROLLED:
+            # after the row is sent: a control that kills the worker costs the cause, never the row
+            emit("phase", "control")
+            emit("cause", {"mode": mode, **control.attribute(mode, built, opts, dtype if low_precision else None,
+                                                             rebuild)})
 
 
 DIAGNOSED = ("fail_accuracy", "fail_to_run", "compile_fail")
 
-# A Diffusers pipeline is compiled the way Diffusers documents it (`pipe.unet = torch.compile(pipe.unet)`):
-# its denoiser, not the Python `__call__` with its scheduler loop, CPU generator and numpy post-processing,
-# which users do not compile and Dynamo does not trace as one graph (it failed on the CPU timestep reaching
-# UNet2D's time embedding: "Tensor device mismatch").
-DENOISERS = ("unet", "transformer", "prior", "decoder")
-
-
-def compile_for_sweep(call: Callable, model, backend: str) -> Callable:
-    """`call` compiled for the compiled mode: the whole call, or for a pipeline (`model` is the entry's own
-    copy, so it may be changed) its denoiser modules, with `call` itself left eager."""
-    import torch
-
-    components = getattr(model, "components", None)
-    if isinstance(components, dict):
-        denoisers = [n for n in DENOISERS if isinstance(components.get(n), torch.nn.Module)]
-        for name in denoisers:
-            setattr(model, name, torch.compile(components[name], backend=backend, dynamic=False))
-        if denoisers:
-            return call
-    return torch.compile(call, backend=backend, dynamic=False)
+compile_for_sweep = compile_call  # the older name
+_during_compile = during_compile
 
 
 def diagnose(entry, built, mode: str, opts: SweepOptions, ref: dict, fp64: dict | None, overrides) -> dict:
@@ -237,7 +160,7 @@ def run_mode(mode: str, built, ref: dict, fp64: dict | None, opts: SweepOptions,
             import torch._dynamo
 
             torch._dynamo.reset()  # `call` is shared by all entries: no guards or cache carried over
-            fn = compile_for_sweep(built.call, model, device.compile_backend)
+            fn = compile_call(built.call, model, device.compile_backend)
         with torch.no_grad(), backend_phase():
             torch.manual_seed(opts.seed)
             phase = "first"
@@ -263,31 +186,9 @@ def run_mode(mode: str, built, ref: dict, fp64: dict | None, opts: SweepOptions,
             row["error_type"] = "AccuracyError"
             row["error_message"] = errors.normalise(cmp.reason)
     except Exception as exc:  # noqa: BLE001
-        if errors.is_oom(exc):
-            status = "oom"
-        elif mode == "compiled" and (errors.is_compile_error(exc) or phase == "first" and _during_compile(exc)):
-            status = "compile_fail"
-        else:
-            status = "fail_to_run"
-        row.update(status=status, **errors.error_fields(exc))
+        row.update(status=failure_status(exc, mode, phase == "first"), **errors.error_fields(exc))
     stats = device.stats()
     row["compilations"] = stats.get("compilations")
     row["graph_breaks"] = stats.get("graph_breaks")
     row["fallback_ops"] = ";".join(f"{k}:{v}" for k, v in sorted((stats.get("fallback_ops") or {}).items()))
     return row
-
-
-_COMPILE_FRAMES = {"traced", "run", "to_jax_function", "_compiler", "tpu_backend", "with_precision"}
-
-
-def _during_compile(exc: BaseException) -> bool:
-    """A compiled first call failed while the backend was building its program: a frame of hf_tpu's
-    compiler (tracing the graph into JAX) is on the traceback, not only the call of a finished program."""
-    for e in errors.chain(exc):
-        tb = e.__traceback__
-        while tb is not None:
-            code = tb.tb_frame.f_code
-            if "hf_tpu" in code.co_filename and "compile" in code.co_filename and code.co_name in _COMPILE_FRAMES:
-                return True
-            tb = tb.tb_next
-    return False

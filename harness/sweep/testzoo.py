@@ -14,6 +14,9 @@ runs and the status is the backend's:
     baseline    raises on the CPU baseline too: `baseline_fail`
     missing     cannot be built: `not_available`
     slow        a `pass` that takes ~0.4 s (for kill/resume tests)
+    opaque      calls a custom op without a fake (meta) kernel: Dynamo cannot trace it for any backend, so it
+                is `compile_fail` with cause `upstream` (aot_eager on CPU fails too); `compile` is the
+                `cause=backend` case (only the backend refuses it)
 
 With HF_TPU_SWEEP_TEST_LOG=path each build appends "<entry_id> <pid>" to that file (exactly-once tests).
 """
@@ -29,12 +32,12 @@ from typing import Any
 
 from harness.zoo.entry import ZooEntry
 
-KINDS = ("pass", "raise", "compile", "abort", "sleep", "oom", "perturb", "baseline", "missing", "slow")
+KINDS = ("pass", "raise", "compile", "abort", "sleep", "oom", "perturb", "baseline", "missing", "slow", "opaque")
 DEFAULT_SET = ("pass", "raise", "compile", "abort", "sleep", "oom", "perturb", "baseline", "missing")
 EXPECTED_STATUS = {
     "pass": "pass", "raise": "fail_to_run", "compile": "compile_fail", "abort": "crash", "sleep": "timeout",
     "oom": "oom", "perturb": "fail_accuracy", "baseline": "baseline_fail", "missing": "not_available",
-    "slow": "pass",
+    "slow": "pass", "opaque": "compile_fail",
 }
 _SPEC_RE = re.compile(r"^([a-z]+)(?:\*(\d+))?$")
 
@@ -90,6 +93,8 @@ def _make_model(kind: str):
             h = torch.nn.functional.gelu(self.fc1(x))
             if kind == "compile":
                 h = torch.cosh(h * 0.1)
+            if kind == "opaque":
+                h = _opaque_op()(h)
             out = self.fc2(h)
             backend = on_backend(x)
             if kind == "raise" and backend:
@@ -114,6 +119,25 @@ def _make_model(kind: str):
             return {"logits": out, "hidden": h}
 
     return Tiny()
+
+
+_OPAQUE = None
+
+
+def _opaque_op():
+    """`hf_tpu_test::opaque` (x * 2): a custom op registered without a fake kernel, as model code with a custom
+    kernel often is. Eager runs it; Dynamo's fake-tensor tracing cannot, whatever the backend."""
+    global _OPAQUE
+    if _OPAQUE is None:
+        import torch
+
+        # the schema is spelled out: this module's postponed annotations are strings infer_schema cannot read
+        @torch.library.custom_op("hf_tpu_test::opaque", mutates_args=(), schema="(Tensor x) -> Tensor")
+        def opaque(x: torch.Tensor) -> torch.Tensor:
+            return x * 2
+
+        _OPAQUE = opaque
+    return _OPAQUE
 
 
 def parse_spec(spec: str) -> list[TestEntry]:

@@ -6,7 +6,7 @@ continuation task that a fresh worker runs.
 The worker is `python -m harness.sweep.worker RFD WFD`: a plain subprocess speaking pickled messages over two
 pipes (multiprocessing.connection), so its environment (HF_HUB_OFFLINE=1, ...) is set before anything imports.
 Messages to the worker: ("run", Task) | ("stop", None). From it: ("ready", info) once imports are done, then
-per task ("phase", name), ("row", row)..., ("done", rss_bytes).
+per task ("phase", name), ("row", row), ("cause", fields)..., ("done", rss_bytes).
 """
 
 from __future__ import annotations
@@ -47,6 +47,7 @@ class Outcome:
 
 
 BACKEND_PHASES = ("eager", "compiled")
+CONTROL_PHASE = "control"  # after a failing row: its control run (harness/sweep/control.py)
 
 
 def resolve_death(task: Task, rows: list[dict], death: Death, opts: SweepOptions, backend: str = "") -> tuple[list[dict], Task | None]:
@@ -63,6 +64,9 @@ def resolve_death(task: Task, rows: list[dict], death: Death, opts: SweepOptions
                 "worker passed the memory cap")
         rest = tuple(m for m in remaining if m != death.phase)
         return [row], (replace(task, modes=rest, attempt=task.attempt + 1) if rest else None)
+    if death.phase == CONTROL_PHASE:
+        # the failing row was sent before its control: only its cause is lost; the other modes run on
+        return [], (replace(task, modes=remaining, attempt=task.attempt + 1) if remaining else None)
     if death.phase == "reference" and not task.skip_reference:
         # the float64 reference is an extra; run again without it
         return [], replace(task, modes=remaining, skip_reference=True, attempt=task.attempt + 1)
@@ -74,6 +78,15 @@ def resolve_death(task: Task, rows: list[dict], death: Death, opts: SweepOptions
         out.append({**base_row(task.entry, m, opts, backend), "status": "baseline_fail", **fields,
                     "error_message": f"{what} during {death.phase or 'startup'}"})
     return out, None
+
+
+def merge_cause(rows: list[dict], payload: dict) -> None:
+    """Put a control's ("cause", {mode, cause, control_error}) into the row of that mode already received."""
+    fields = {k: v for k, v in payload.items() if k != "mode"}
+    for row in reversed(rows):
+        if row.get("mode") == payload.get("mode"):
+            row.update(fields)
+            return
 
 
 class Worker:
@@ -171,10 +184,12 @@ class Worker:
             return "ready"
         if kind == "phase":
             self.phase = payload
-            if payload in BACKEND_PHASES:  # each mode gets the whole --timeout budget
+            if payload in BACKEND_PHASES or payload == CONTROL_PHASE:  # each gets the whole --timeout budget
                 self.deadline = time.monotonic() + self.opts.timeout
         elif kind == "row":
             self.outcome.rows.append(payload)
+        elif kind == "cause":
+            merge_cause(self.outcome.rows, payload)
         elif kind == "done":
             self.last_rss = int(payload or 0)
             self.entries_run += 1

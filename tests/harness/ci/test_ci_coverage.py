@@ -76,7 +76,7 @@ def test_worst_numerics_order(demo: pd.DataFrame) -> None:
 def test_coverage_markdown_has_the_figures(demo: pd.DataFrame) -> None:
     md = cov.coverage_markdown(demo)
     assert "**crash-free**: 64.7% (11/17)" in md and "**numerics-match**: 81.8% (9/11)" in md
-    assert "| eager | 66.7% (6/9) | 83.3% (5/6) | 2 |" in md
+    assert "| eager | 66.7% (6/9) | 66.7% (6/9) | 83.3% (5/6) | 2 |" in md  # no upstream rows: same figure
     assert "## Crashes by root cause (4)" in md
 
 
@@ -96,3 +96,45 @@ def test_reader_types_columns(tmp_path) -> None:
     assert df["graph_breaks"].dtype == "Int64" and df["graph_breaks"].tolist()[0] == 2
     assert df["compile_s"].dtype == float and pd.isna(df["compile_s"].iloc[1])
     assert df["error_type"].tolist() == ["", ""]
+
+
+def _attributed() -> pd.DataFrame:
+    rows = [
+        row("t/a", status="pass"),
+        row("t/b", status="compile_fail", mode="compiled", error_type="TypeError", error_message="immutable list",
+            cause="backend"),
+        row("t/c", status="compile_fail", mode="compiled", error_type="TorchRuntimeError",
+            error_message="no fake impl", cause="upstream", control_error="TorchRuntimeError: no fake impl"),
+        row("t/d", status="compile_fail", mode="compiled", error_type="TorchRuntimeError",
+            error_message="no fake impl", cause="upstream"),
+        row("t/e", status="timeout", mode="compiled", error_type="Timeout"),
+        row("t/f", status="fail_to_run", error_type="TpuOpError", error_message="immutable list", cause="backend"),
+    ]
+    return pd.DataFrame(rows)
+
+
+def test_crash_free_where_the_control_works() -> None:
+    h = cov.headline(_attributed())
+    assert str(h.crash_free) == "16.7% (1/6)" and h.upstream == 2
+    assert str(h.crash_free_control) == "25.0% (1/4)"  # the two upstream rows leave the denominator
+    by_mode = cov.coverage_by(_attributed(), "mode").set_index("mode")
+    assert by_mode.loc["compiled", "denominator_control"] == 2 and by_mode.loc["compiled", "upstream"] == 2
+    assert by_mode.loc["eager", "denominator_control"] == 2
+
+
+def test_crash_table_groups_by_cause_first() -> None:
+    t = cov.crash_table(_attributed())
+    assert list(t.columns) == cov.CRASH_COLUMNS
+    # backend groups first, then upstream, then rows without a control (timeouts); the two "immutable list"
+    # failures differ in error type, so they are two backend groups
+    assert list(t["cause"]) == ["backend", "backend", "upstream", ""]
+    assert t.iloc[2]["entries"] == 2
+    md = cov.coverage_markdown(_attributed())
+    assert "**crash-free where the control works**: 25.0% (1/4) (2 run failures are `upstream`" in md
+    assert "| cause | entries |" in md and "| upstream | 2 | 2 |" in md
+
+
+def test_frames_without_a_cause_column_still_work(demo: pd.DataFrame) -> None:
+    h = cov.headline(demo.drop(columns=["cause", "control_error"]))
+    assert h.crash_free == h.crash_free_control and h.upstream == 0
+    assert set(cov.crash_table(demo.drop(columns="cause"))["cause"]) == {""}

@@ -83,3 +83,26 @@ def test_a_dead_worker_costs_the_row_of_its_phase_and_the_rest_continue():
     assert [r["status"] for r in rows] == ["baseline_fail", "baseline_fail"] and cont is None
     rows, cont = resolve_death(task, [], Death("crash", "reference", -11), opts)  # fp64 is an extra
     assert rows == [] and cont.skip_reference and cont.modes == ("eager", "compiled")
+
+
+def test_schema_v2_adds_cause_and_reads_v1_files(tmp_path):
+    from harness import schema
+
+    assert SCHEMA_VERSION == 2 and "cause" in COLUMN_NAMES and "control_error" in COLUMN_NAMES
+    assert schema.absent_in(1) == ["cause", "control_error"] and schema.absent_in(2) == []
+    with pytest.raises(ValueError, match="schema_version 3"):
+        schema.absent_in(3)
+    # a version-1 file: no cause/control_error columns, schema_version 1
+    v1_cols = [c for c in COLUMN_NAMES if c not in ("cause", "control_error")]
+    v1 = to_frame([_row("lib/a/A", status="compile_fail", mode="compiled", schema_version=1)])[v1_cols]
+    v1.to_csv(tmp_path / "results.csv", index=False)
+    back = read_csv(tmp_path / "results.csv")
+    assert list(back.columns) == COLUMN_NAMES and back.loc[0, "cause"] == "" and validate(back) == []
+    from harness.ci.runs import load_run  # the dashboard's reader too
+
+    df = load_run(tmp_path).df
+    assert df.loc[0, "cause"] == "" and df.loc[0, "status"] == "compile_fail"
+    bad = to_frame([_row("a", cause="gremlins")])
+    assert any("unknown causes" in p for p in validate(bad))
+    future = to_frame([_row("a", schema_version=9)])
+    assert any("unknown schema_version" in p for p in validate(future))

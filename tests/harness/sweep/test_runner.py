@@ -22,8 +22,12 @@ def test_in_process_statuses(kind, cpu_opts):
     expected = testzoo.EXPECTED_STATUS[kind]
     assert rows["compiled"]["status"] == expected
     assert rows["eager"]["status"] == ("pass" if kind == "compile" else expected)
-    if kind in ("pass", "raise", "perturb", "compile"):
+    if kind in ("pass", "perturb"):
         assert phases == ["build", "baseline", "reference", "eager", "compiled"]
+    if kind == "raise":  # each failing row's control runs after the row
+        assert phases == ["build", "baseline", "reference", "eager", "control", "compiled", "control"]
+    if kind == "compile":
+        assert phases == ["build", "baseline", "reference", "eager", "compiled", "control"]
     if kind == "pass":
         r = rows["compiled"]
         assert r["max_abs_err"] == 0 and r["cosine"] == 1.0 and r["first_run_s"] > 0 and r["compile_s"] >= 0

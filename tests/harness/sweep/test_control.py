@@ -1,0 +1,71 @@
+"""Attribution of failing rows by a control run (harness/sweep/control.py) and the `cause` column: the test
+entries `compile` (only the backend refuses it: cause=backend) and `opaque` (a custom op without a fake kernel:
+aot_eager on CPU fails too, cause=upstream), in process and through a sweep's worker."""
+
+from __future__ import annotations
+
+from harness.sweep import testzoo
+from harness.sweep.device import get_device
+from harness.sweep.runner import run_entry
+from harness.sweep.worker import Death, Task, merge_cause, resolve_death
+
+
+def _rows(kind: str, opts) -> dict:
+    (entry,) = testzoo.parse_spec(f"test:{kind}")
+    rows: list[dict] = []
+
+    def emit(k, p):
+        if k == "row":
+            rows.append(p)
+        elif k == "cause":
+            merge_cause(rows, p)
+
+    run_entry(entry, ("eager", "compiled"), opts, get_device("cpu"), emit)
+    return {r["mode"]: r for r in rows}
+
+
+def test_backend_only_failure_is_cause_backend(cpu_opts) -> None:
+    rows = _rows("compile", cpu_opts)
+    assert rows["eager"]["status"] == "pass" and "cause" not in rows["eager"]
+    assert rows["compiled"]["status"] == "compile_fail"
+    assert rows["compiled"]["cause"] == "backend" and rows["compiled"]["control_error"] == ""
+
+
+def test_failure_under_aot_eager_too_is_cause_upstream(cpu_opts) -> None:
+    rows = _rows("opaque", cpu_opts)
+    assert rows["eager"]["status"] == "pass"
+    assert rows["compiled"]["status"] == "compile_fail"
+    assert rows["compiled"]["cause"] == "upstream"
+    assert "fake tensor" in rows["compiled"]["control_error"]
+
+
+def test_eager_failure_is_the_backends(cpu_opts) -> None:
+    rows = _rows("raise", cpu_opts)  # eager: the CPU baseline is the control, and it ran
+    assert rows["eager"]["status"] == "fail_to_run" and rows["eager"]["cause"] == "backend"
+
+
+def test_a_worker_dying_in_the_control_keeps_the_row(cpu_opts) -> None:
+    (entry,) = testzoo.parse_spec("test:compile")
+    task = Task(entry, ("eager", "compiled"))
+    sent = [{"mode": "eager", "status": "fail_to_run"}]
+    rows, cont = resolve_death(task, sent, Death("crash", "control", -11), cpu_opts)
+    assert rows == [] and cont.modes == ("compiled",)  # the eager row stays; compiled runs on a fresh worker
+
+
+def test_sweep_through_workers_writes_cause(tmp_path) -> None:
+    from harness.sweep.options import SweepOptions
+    from harness.sweep.results import read_csv
+    from harness.sweep.sweep import run_sweep
+
+    opts = SweepOptions(zoo="test:compile,opaque,pass", device="cpu", out=str(tmp_path / "run"), run_id="t",
+                        timeout=60, memory_cap_gb=2, progress="none", repeats=1, jobs=1)
+    run_sweep(opts)
+    df = read_csv(tmp_path / "run" / "results.csv").set_index(["entry_id", "mode"])
+    assert df.loc[("test/compile", "compiled"), "cause"] == "backend"
+    assert df.loc[("test/opaque", "compiled"), "cause"] == "upstream"
+    assert df.loc[("test/pass", "compiled"), "cause"] == ""
+    md = (tmp_path / "run" / "coverage.md").read_text()
+    # 6 rows, 2 run failures, 1 of them upstream
+    assert "**crash-free**: 66.7% (4/6)" in md and "**crash-free where the control works**: 80.0% (4/5)" in md
+    crashes = (tmp_path / "run" / "crashes.md").read_text()
+    assert crashes.index("| backend |") < crashes.index("| upstream |")
