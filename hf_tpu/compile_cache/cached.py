@@ -170,8 +170,37 @@ class CachedCall:
         return compiled
 
 
+_reset_hooked = False
+
+
+def _hook_dynamo_reset() -> None:
+    """torch._dynamo.reset() forgets every compiled graph of the process: the memory tier too (the disk
+    tiers stay, as torch's own on-disk caches do)."""
+    global _reset_hooked
+    import torch._dynamo
+
+    if _reset_hooked:
+        return
+    original = torch._dynamo.reset
+
+    @functools.wraps(original)
+    def reset() -> None:
+        original()
+        _memory.clear()
+        _unsaveable.clear()
+
+    torch._dynamo.reset = reset
+    _reset_hooked = True
+
+
 def wrap(model: Any, compiled: Any) -> Any:
     """Put the cache in front of `compiled` (what torch.compile returned for `model`)."""
+    import torch._dynamo.config as dconfig
+
+    _hook_dynamo_reset()
+    # as hf_tpu.compile.tpu_backend does on first use (a cache hit never reaches the backend, and
+    # aot_compile_fullgraph restores the flag it ran under)
+    dconfig.automatic_dynamic_shapes = False
     if isinstance(model, torch.nn.Module) and isinstance(compiled, torch.nn.Module):
         fallback = compiled.forward
         # OptimizedModule calls self.forward from Module.__call__; the cache replaces it, and passes the
