@@ -13,6 +13,7 @@ from multiprocessing.connection import wait
 from pathlib import Path
 
 from harness.sweep.options import SweepOptions
+from harness.sweep.timings import PhaseClock
 from harness.sweep.worker import POLL_S, Task, Worker, resolve_death, run_task_blocking
 
 OnDone = Callable[[object, list[dict], float], None]  # (entry, rows, seconds)
@@ -29,6 +30,8 @@ class LocalExecutor:
         self.log_dir = log_dir
         self._n = 0
         self.workers_started = 0
+        self.clock = PhaseClock()
+        self.phases: dict[str, dict[str, float]] = {}  # entry id -> seconds per phase, once finished
 
     def _spawn(self) -> Worker:
         self._n += 1
@@ -50,6 +53,7 @@ class LocalExecutor:
 
         def finish(task: Task, rows: list[dict]) -> None:
             eid = task.entry.id
+            self.phases[eid] = self.clock.finish(eid)
             allrows = partial.pop(eid, []) + rows
             on_done(task.entry, allrows, time.monotonic() - started.pop(eid, time.monotonic()))
 
@@ -59,12 +63,15 @@ class LocalExecutor:
                     if w.ready and not w.busy() and queue:
                         task = queue.popleft()
                         started.setdefault(task.entry.id, time.monotonic())
+                        self.clock.phase(task.entry.id, "dispatch")
                         w.start(task)
                 conns = {w.conn_in: w for w in workers}
                 for conn in wait(list(conns), timeout=POLL_S):
                     w = conns[conn]
                     task = w.task
                     state = w.receive()
+                    if task is not None and state is None and w.phase:
+                        self.clock.phase(task.entry.id, w.phase)
                     if state == "ready":
                         startup_failures = 0
                     elif state == "done":

@@ -1,8 +1,8 @@
 """Where saved graphs live: three tiers, looked up in order.
 
 - memory: this process (a dict; the loaded, ready-to-run functions);
-- host: a directory shared by the processes of this machine: $HF_TPU_GRAPH_CACHE_DIR, else
-  `$HF_TPU_CACHE_DIR/graphs` when that is set, else ~/.cache/hf_tpu/graphs (XDG_CACHE_HOME respected);
+- host: a directory shared by the processes of this machine (hf_tpu.runtime.graph_cache_dir():
+  $HF_TPU_GRAPH_CACHE_DIR, else `$HF_TPU_CACHE_DIR/graphs`, else ~/.cache/hf_tpu/graphs);
 - shared: optional, $HF_TPU_SHARED_CACHE_DIR, a directory many machines mount (or a CI cache restores).
   A hit there is copied to the host tier; new entries are written to both.
 
@@ -23,8 +23,6 @@ import warnings
 from pathlib import Path
 
 MAGIC = b"hf_tpu-graph-cache-v1\n"
-HOST_ENV = "HF_TPU_GRAPH_CACHE_DIR"
-SHARED_ENV = "HF_TPU_SHARED_CACHE_DIR"
 TIERS = ("memory", "host", "shared")
 
 _lock = threading.Lock()
@@ -64,19 +62,15 @@ def warn_once(key: str, message: str) -> None:
 
 
 def host_dir() -> Path:
-    env = os.environ.get(HOST_ENV)
-    if env:
-        return Path(env).expanduser()
-    xla = os.environ.get("HF_TPU_CACHE_DIR")
-    if xla:
-        return Path(xla).expanduser() / "graphs"
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "hf_tpu" / "graphs"
+    from hf_tpu import runtime
+
+    return runtime.graph_cache_dir()
 
 
 def shared_dir() -> Path | None:
-    env = os.environ.get(SHARED_ENV)
-    return Path(env).expanduser() if env else None
+    from hf_tpu import runtime
+
+    return runtime.shared_cache_dir()
 
 
 def disk_tiers() -> list[tuple[str, Path]]:
@@ -107,6 +101,10 @@ def read(root: Path, key: str) -> bytes | None:
         warn_once(str(path), f"ignoring corrupt cache entry {path} (checksum mismatch); compiling instead")
         bump("", "corrupt")
         return None
+    try:
+        os.utime(path)  # a used entry stays: cache pruning (the nightly's) drops entries by age
+    except OSError:
+        pass
     return data[head:]
 
 
