@@ -11,6 +11,7 @@ that cannot be done (a graph break, an unsaveable global or guard) the call take
 from __future__ import annotations
 
 import functools
+import inspect
 import logging
 import os
 import weakref
@@ -70,6 +71,8 @@ class CachedCall:
         self._last: tuple[list[weakref.ref], tuple[Any, ...], Any] | None = None
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if torch.compiler.is_compiling():  # inside an outer compile: let Dynamo trace the ordinary callable
+            return self.fallback(*args, **kwargs)
         full = self.prefix + args
         sig = _signature(full, kwargs)
         compiled = self._fast(full, kwargs, sig)
@@ -207,7 +210,10 @@ def wrap(model: Any, compiled: Any) -> Any:
         # original module (not the OptimizedModule) to the compiled wrapper
         compiled.forward = CachedCall(_call_module, fallback, prefix=(model,))
         return compiled
-    if callable(model) and hasattr(model, "__code__"):
+    if inspect.ismethod(model):  # e.g. Transformers' `torch.compile(self.__call__)`: the function, self first
+        call = CachedCall(model.__func__, compiled, prefix=(model.__self__,))
+        return functools.wraps(model)(lambda *a, **k: call(*a, **k))
+    if inspect.isfunction(model):
         call = CachedCall(model, compiled)
         return functools.wraps(model)(lambda *a, **k: call(*a, **k))
     return compiled
