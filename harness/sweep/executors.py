@@ -24,6 +24,18 @@ class WorkerStartupError(RuntimeError):
     pass
 
 
+def _cpu_seconds(pid: int) -> float | None:
+    """CPU seconds (user + system) a worker has used so far: an entry's cost independent of how loaded the
+    machine is (wall-clock on a shared machine is not)."""
+    try:
+        import psutil
+
+        t = psutil.Process(pid).cpu_times()
+        return float(t.user + t.system)
+    except Exception:  # noqa: BLE001
+        return None
+
+
 class LocalExecutor:
     def __init__(self, opts: SweepOptions, log_dir: Path | None = None):
         self.opts = opts
@@ -64,6 +76,7 @@ class LocalExecutor:
                         task = queue.popleft()
                         started.setdefault(task.entry.id, time.monotonic())
                         self.clock.phase(task.entry.id, "dispatch")
+                        self.clock.cpu_start(task.entry.id, _cpu_seconds(w.pid))
                         w.start(task)
                 conns = {w.conn_in: w for w in workers}
                 for conn in wait(list(conns), timeout=POLL_S):
@@ -75,6 +88,7 @@ class LocalExecutor:
                     if state == "ready":
                         startup_failures = 0
                     elif state == "done":
+                        self.clock.cpu_stop(task.entry.id, _cpu_seconds(w.pid))
                         finish(task, w.outcome.rows)
                         if w.entries_run >= opts.max_entries_per_worker or (cap and w.last_rss > 0.6 * cap):
                             w.stop()  # recycle: leaked caches and memory go with the process

@@ -82,6 +82,17 @@ class PhaseClock:
     def __init__(self) -> None:
         self._current: dict[str, tuple[str, float]] = {}
         self.phases: dict[str, dict[str, float]] = {}
+        self._cpu: dict[str, float] = {}
+
+    def cpu_start(self, entry_id: str, cpu_s: float | None) -> None:
+        if cpu_s is not None:
+            self._cpu[entry_id] = cpu_s
+
+    def cpu_stop(self, entry_id: str, cpu_s: float | None) -> None:
+        """Record the worker CPU seconds an entry used (as the `cpu` pseudo-phase)."""
+        start = self._cpu.pop(entry_id, None)
+        if start is not None and cpu_s is not None:
+            self.phases.setdefault(entry_id, {})["cpu"] = max(0.0, cpu_s - start)
 
     def phase(self, entry_id: str, name: str | None) -> None:
         now = time.monotonic()
