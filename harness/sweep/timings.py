@@ -3,7 +3,7 @@
 The parent times each entry's phases (build, baseline, reference, eager, compiled) from the phase messages
 its worker sends; the sweep writes them to `<out>/timings.jsonl` and merges each entry's total into a
 timings file kept with the compile caches ($HF_TPU_SWEEP_TIMINGS, else `$HF_TPU_CACHE_DIR/sweep-timings.json`,
-else ~/.cache/hf_tpu/sweep-timings.json), which the nightly restores with them. The next sweep runs its
+else ~/.cache/hf_tpu/sweep-timings.json; HF_TPU_SWEEP_TIMINGS=0: none), which the nightly restores with them. The next sweep runs its
 entries longest first by those timings (longest-processing-time scheduling: the long tail starts early,
 instead of one worker finishing a 40 s entry while the other idles); entries never timed go first (unknown
 cost), then the rest by id, so the order stays deterministic.
@@ -19,8 +19,11 @@ from pathlib import Path
 ENV = "HF_TPU_SWEEP_TIMINGS"
 
 
-def timings_path() -> Path:
+def timings_path() -> Path | None:
+    """Where timings persist, or None when HF_TPU_SWEEP_TIMINGS=0 (no ordering, nothing saved)."""
     env = os.environ.get(ENV)
+    if env == "0":
+        return None
     if env:
         return Path(env).expanduser()
     root = os.environ.get("HF_TPU_CACHE_DIR")
@@ -37,6 +40,8 @@ def _modes_key(modes: tuple[str, ...] | list[str]) -> str:
 def load(modes: tuple[str, ...], path: Path | None = None) -> dict[str, float]:
     """entry id -> seconds the last sweep with these modes took for it ({} when unknown or unreadable)."""
     path = path or timings_path()
+    if path is None:
+        return {}
     try:
         data = json.loads(path.read_text())
         table = data.get(_modes_key(modes), {})
@@ -47,9 +52,9 @@ def load(modes: tuple[str, ...], path: Path | None = None) -> dict[str, float]:
 
 def save(modes: tuple[str, ...], seconds: dict[str, float], path: Path | None = None) -> None:
     """Merge this sweep's per-entry seconds into the timings file (best effort: never fails a sweep)."""
-    if not seconds:
-        return
     path = path or timings_path()
+    if not seconds or path is None:
+        return
     try:
         try:
             data = json.loads(path.read_text())
