@@ -106,3 +106,19 @@ def test_changed_source_makes_an_entry_stale() -> None:
     artifact.check_sources(good)
     with pytest.raises(artifact.StaleEntry):
         artifact.check_sources([(__name__, first, first + len(lines), _hash_source("changed"))])
+
+
+def test_cache_dirs_follow_the_environment(tmp_path, monkeypatch) -> None:
+    from hf_tpu import runtime
+
+    for var in ("HF_TPU_CACHE_DIR", "HF_TPU_GRAPH_CACHE_DIR", "HF_TPU_SHARED_CACHE_DIR"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert runtime.cache_dir() == tmp_path / "xdg" / "hf_tpu" / "xla"
+    assert runtime.graph_cache_dir() == tmp_path / "xdg" / "hf_tpu" / "graphs"
+    assert runtime.shared_cache_dir() is None
+    monkeypatch.setenv("HF_TPU_CACHE_DIR", str(tmp_path / "c"))  # one variable moves every cache
+    assert runtime.graph_cache_dir() == tmp_path / "c" / "graphs"
+    monkeypatch.setenv("HF_TPU_GRAPH_CACHE_DIR", str(tmp_path / "g"))
+    monkeypatch.setenv("HF_TPU_SHARED_CACHE_DIR", str(tmp_path / "s"))
+    assert runtime.graph_cache_dir() == tmp_path / "g" and runtime.shared_cache_dir() == tmp_path / "s"
