@@ -70,13 +70,16 @@ def _bump(key: str, n: int = 1) -> None:
         _stats[key] += n
 
 
-def _install_cache_listener() -> None:
+def _install_cache_listener(jax: Any = None) -> None:
+    """Count JAX persistent-cache hits and misses (every program: compiled graphs and eager per-op ones);
+    runtime.jax() installs it when JAX starts, passing the module it is configuring."""
     global _listener_installed
     if _listener_installed:
         return
-    from hf_tpu import runtime
+    if jax is None:
+        from hf_tpu import runtime
 
-    jax = runtime.jax()
+        jax = runtime.jax()
 
     def on_event(event: str, **_: Any) -> None:
         if event == "/jax/compilation_cache/cache_hits":
