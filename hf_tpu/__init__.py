@@ -33,6 +33,9 @@ __all__ = [
 # point imports it too, so checking only in _autoload.py would not be enough).
 if _os.environ.get("HF_TPU_DISABLE") != "1" and not _device.is_registered() and not _device.real_torch_tpu_present():
     _device.register()
+    from hf_tpu import compile_cache as _compile_cache
+
+    _compile_cache.install()  # torch.compile(..., backend="tpu") through the graph cache (compile_cache/)
 _patches.install()  # Transformers/Accelerate patches, applied lazily by an import hook (patches.py)
 
 

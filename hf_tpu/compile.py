@@ -28,13 +28,18 @@ _listener_installed = False
 
 def stats() -> dict[str, Any]:
     """Graphs captured, XLA compilations (jit traces), persistent-cache hits and misses, Dynamo graph
-    breaks, and seconds spent in AOTAutograd (`aot_s`) and in tracing plus XLA compilation (`xla_s`)."""
+    breaks, and seconds spent in AOTAutograd (`aot_s`) and in tracing plus XLA compilation (`xla_s`).
+    `tiers`: hits and misses of the graph cache per tier (memory, host, shared; compile_cache/) and of
+    JAX's persistent XLA cache (`xla`, eager per-op programs included)."""
     from torch._dynamo.utils import counters
 
     with _stats_lock:
         out: dict[str, Any] = dict(_stats)
         out.update({k: round(v, 4) for k, v in _times.items()})
     out["graph_breaks"] = sum(counters["graph_break"].values())
+    from hf_tpu import compile_cache
+
+    out["tiers"] = {**compile_cache.stats(), "xla": {"hits": out["cache_hits"], "misses": out["cache_misses"]}}
     return out
 
 
@@ -47,6 +52,9 @@ def reset_stats() -> None:
         for k in _times:
             _times[k] = 0.0
     counters["graph_break"].clear()
+    from hf_tpu import compile_cache
+
+    compile_cache.reset_stats()
 
 
 _times = {"aot_s": 0.0, "xla_s": 0.0}
@@ -62,13 +70,16 @@ def _bump(key: str, n: int = 1) -> None:
         _stats[key] += n
 
 
-def _install_cache_listener() -> None:
+def _install_cache_listener(jax: Any = None) -> None:
+    """Count JAX persistent-cache hits and misses (every program: compiled graphs and eager per-op ones);
+    runtime.jax() installs it when JAX starts, passing the module it is configuring."""
     global _listener_installed
     if _listener_installed:
         return
-    from hf_tpu import runtime
+    if jax is None:
+        from hf_tpu import runtime
 
-    jax = runtime.jax()
+        jax = runtime.jax()
 
     def on_event(event: str, **_: Any) -> None:
         if event == "/jax/compilation_cache/cache_hits":

@@ -9,6 +9,13 @@ from pathlib import Path
 from typing import Any
 
 CACHE_ENV = "HF_TPU_CACHE_DIR"
+GRAPH_CACHE_ENV = "HF_TPU_GRAPH_CACHE_DIR"
+SHARED_CACHE_ENV = "HF_TPU_SHARED_CACHE_DIR"
+
+
+def _user_cache() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "hf_tpu"
 
 
 def cache_dir() -> Path:
@@ -16,8 +23,25 @@ def cache_dir() -> Path:
     env = os.environ.get(CACHE_ENV)
     if env:
         return Path(env).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "hf_tpu" / "xla"
+    return _user_cache() / "xla"
+
+
+def graph_cache_dir() -> Path:
+    """The host tier of the graph cache (compile_cache/): $HF_TPU_GRAPH_CACHE_DIR, else `graphs/` inside
+    $HF_TPU_CACHE_DIR when that is set (one variable moves every cache; JAX ignores subdirectories), else
+    ~/.cache/hf_tpu/graphs next to the XLA cache."""
+    env = os.environ.get(GRAPH_CACHE_ENV)
+    if env:
+        return Path(env).expanduser()
+    if os.environ.get(CACHE_ENV):
+        return cache_dir() / "graphs"
+    return _user_cache() / "graphs"
+
+
+def shared_cache_dir() -> Path | None:
+    """The optional shared tier: $HF_TPU_SHARED_CACHE_DIR (a directory many machines mount), or None."""
+    env = os.environ.get(SHARED_CACHE_ENV)
+    return Path(env).expanduser() if env else None
 
 
 # XLA:CPU spends most of a tiny program's life compiling it (~50 ms for `x + 1` here), and the stand-in
@@ -73,6 +97,9 @@ def jax() -> Any:
             _jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
         except OSError:  # an unwritable cache directory costs speed, not correctness
             pass
+    from hf_tpu import compile as _compile
+
+    _compile._install_cache_listener(_jax)  # compile_stats()["tiers"]["xla"], eager per-op programs included
     return _jax
 
 

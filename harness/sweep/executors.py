@@ -13,6 +13,7 @@ from multiprocessing.connection import wait
 from pathlib import Path
 
 from harness.sweep.options import SweepOptions
+from harness.sweep.timings import PhaseClock
 from harness.sweep.worker import POLL_S, Task, Worker, resolve_death, run_task_blocking
 
 OnDone = Callable[[object, list[dict], float], None]  # (entry, rows, seconds)
@@ -23,12 +24,26 @@ class WorkerStartupError(RuntimeError):
     pass
 
 
+def _cpu_seconds(pid: int) -> float | None:
+    """CPU seconds (user + system) a worker has used so far: an entry's cost independent of how loaded the
+    machine is (wall-clock on a shared machine is not)."""
+    try:
+        import psutil
+
+        t = psutil.Process(pid).cpu_times()
+        return float(t.user + t.system)
+    except Exception:  # noqa: BLE001
+        return None
+
+
 class LocalExecutor:
     def __init__(self, opts: SweepOptions, log_dir: Path | None = None):
         self.opts = opts
         self.log_dir = log_dir
         self._n = 0
         self.workers_started = 0
+        self.clock = PhaseClock()
+        self.phases: dict[str, dict[str, float]] = {}  # entry id -> seconds per phase, once finished
 
     def _spawn(self) -> Worker:
         self._n += 1
@@ -50,6 +65,7 @@ class LocalExecutor:
 
         def finish(task: Task, rows: list[dict]) -> None:
             eid = task.entry.id
+            self.phases[eid] = self.clock.finish(eid)
             allrows = partial.pop(eid, []) + rows
             on_done(task.entry, allrows, time.monotonic() - started.pop(eid, time.monotonic()))
 
@@ -59,15 +75,20 @@ class LocalExecutor:
                     if w.ready and not w.busy() and queue:
                         task = queue.popleft()
                         started.setdefault(task.entry.id, time.monotonic())
+                        self.clock.phase(task.entry.id, "dispatch")
+                        self.clock.cpu_start(task.entry.id, _cpu_seconds(w.pid))
                         w.start(task)
                 conns = {w.conn_in: w for w in workers}
                 for conn in wait(list(conns), timeout=POLL_S):
                     w = conns[conn]
                     task = w.task
                     state = w.receive()
+                    if task is not None and state is None and w.phase:
+                        self.clock.phase(task.entry.id, w.phase)
                     if state == "ready":
                         startup_failures = 0
                     elif state == "done":
+                        self.clock.cpu_stop(task.entry.id, _cpu_seconds(w.pid))
                         finish(task, w.outcome.rows)
                         if w.entries_run >= opts.max_entries_per_worker or (cap and w.last_rss > 0.6 * cap):
                             w.stop()  # recycle: leaked caches and memory go with the process

@@ -4,13 +4,14 @@ write each entry's rows as it finishes, then consolidate results.csv and the rep
 from __future__ import annotations
 
 import datetime as _dt
+import json
 import os
 import socket
 from dataclasses import dataclass
 from pathlib import Path
 
 from harness.schema import SCHEMA_VERSION
-from harness.sweep import outputs
+from harness.sweep import outputs, timings
 from harness.sweep.entries import load_entries
 from harness.sweep.executors import get_executor
 from harness.sweep.options import SweepOptions
@@ -48,14 +49,26 @@ def run_sweep(opts: SweepOptions, entries: list | None = None, progress_stream=N
                                                "to_run": len(todo), "already_done": len(done)})
     store.write_run(meta)
 
+    # longest first by the previous sweep's timings (timings.py): the long tail starts early
+    todo = timings.longest_first(todo, timings.load(tuple(opts.modes)))
     already = [r for rows in done.values() for r in rows]
-    with Progress(len(entries), already=already, mode=opts.progress, stream=progress_stream) as progress:
+    took: dict[str, float] = {}
+    executor = get_executor(opts, log_dir=out / "workers")
+    with Progress(len(entries), already=already, mode=opts.progress, stream=progress_stream) as progress, \
+            open(out / "timings.jsonl", "a") as timing_log:
         def on_done(entry, rows, seconds):
             store.write_entry(entry.id, rows)
+            took[entry.id] = seconds
+            phases = getattr(executor, "phases", {}).pop(entry.id, {})
+            timing_log.write(json.dumps({"entry_id": entry.id, "seconds": round(seconds, 3), "phases": phases}) + "\n")
+            timing_log.flush()
             progress.entry_done(entry.id, rows, seconds)
 
-        if todo:
-            get_executor(opts, log_dir=out / "workers").run(todo, on_done)
+        try:
+            if todo:
+                executor.run(todo, on_done)
+        finally:
+            timings.save(tuple(opts.modes), took)
 
     df = to_frame(store.all_rows())
     df = df[df["entry_id"].isin(selected_ids)].reset_index(drop=True)

@@ -1,0 +1,219 @@
+"""`torch.compile(..., backend="tpu")` with the three-tier graph cache in front of Dynamo.
+
+The first call with given arguments computes the cache key (keys.py) and looks in memory, then on the
+host, then in the shared tier. A hit is a saved AOTCompiledFunction whose guards are checked against the
+call (a miss if they fail); it skips Dynamo and AOTAutograd, and its ATen graphs are lowered by today's
+backend. On a miss the call is compiled ahead of time (full graph, serializable backend) and saved. When
+that cannot be done (a graph break, an unsaveable global or guard) the call takes the ordinary
+`torch.compile` path instead, with no error, and a negative entry makes later processes go there directly.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import logging
+import os
+import weakref
+from typing import Any
+
+import torch
+
+from hf_tpu.compile_cache import artifact, keys, store
+
+log = logging.getLogger(__name__)
+_memory: dict[str, Any] = {}  # key -> AOTCompiledFunction (the per-process tier)
+_unsaveable: dict[str, str] = {}  # key -> why it takes the ordinary path (this process)
+
+
+def enabled() -> bool:
+    return os.environ.get("HF_TPU_COMPILE_CACHE", "1") != "0"
+
+
+def _call_module(module: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
+    """What is compiled for `torch.compile(module)`: a plain module-level function taking the module as its
+    first argument (a module's own decorated `forward`, as in Transformers, does not pickle)."""
+    return module(*args, **kwargs)
+
+
+_ORDINARY = object()  # "this call takes the ordinary torch.compile path"
+
+
+def _modules(full: tuple[Any, ...]) -> list[Any]:
+    return [a for a in full if isinstance(a, torch.nn.Module)]
+
+
+def _signature(full: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
+    """Cheap summary of a call's tensors (shapes, dtypes) and simple values, for the steady-state path."""
+    from torch.utils import _pytree as pytree
+
+    out: list[Any] = []
+    for leaf in pytree.tree_leaves((full, kwargs)):
+        if isinstance(leaf, torch.Tensor):
+            out.append((tuple(leaf.shape), leaf.dtype, leaf.device.type))
+        elif leaf is None or isinstance(leaf, bool | int | float | str):
+            out.append(leaf)
+        else:
+            out.append(type(leaf))
+    return tuple(out)
+
+
+class CachedCall:
+    """Calls `fn(*prefix, *args, **kwargs)` through the graph cache; `fallback(*args, **kwargs)` is the
+    ordinary compiled callable."""
+
+    def __init__(self, fn: Any, fallback: Any, prefix: tuple[Any, ...] = ()) -> None:
+        self.fn = fn
+        self.fallback = fallback
+        self.prefix = prefix
+        # the last entry used, with weak references to the modules it was used with: while the same modules
+        # come back, the guards alone decide (no key is computed on the steady-state path)
+        self._last: tuple[list[weakref.ref], tuple[Any, ...], Any] | None = None
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if torch.compiler.is_compiling():  # inside an outer compile: let Dynamo trace the ordinary callable
+            return self.fallback(*args, **kwargs)
+        full = self.prefix + args
+        sig = _signature(full, kwargs)
+        compiled = self._fast(full, kwargs, sig)
+        if compiled is None:
+            compiled = self._lookup(full, kwargs)
+            self._last = ([weakref.ref(m) for m in _modules(full)], sig, compiled)
+        if compiled is _ORDINARY:
+            return self.fallback(*args, **kwargs)
+        return compiled.fn(*full, **kwargs)
+
+    def _fast(self, full: tuple[Any, ...], kwargs: dict[str, Any], sig: tuple[Any, ...]) -> Any:
+        if self._last is None:
+            return None
+        refs, last_sig, compiled = self._last
+        mods = _modules(full)
+        if len(mods) != len(refs) or any(r() is not m for r, m in zip(refs, mods, strict=True)):
+            return None
+        if compiled is _ORDINARY:  # same modules and argument shapes as a call that took the ordinary path
+            return compiled if sig == last_sig else None
+        if compiled.guard_check(*full, **kwargs):
+            store.bump("memory", "hits")
+            return compiled
+        return None
+
+    def _lookup(self, full: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        try:
+            key, _ = keys.call_key(self.fn, full, kwargs)
+        except Exception as exc:  # noqa: BLE001 - no key, no cache: the ordinary path
+            log.debug("hf_tpu compile cache: no key (%s)", exc)
+            return _ORDINARY
+        if key in _unsaveable:
+            return _ORDINARY
+        compiled = _memory.get(key)
+        if compiled is not None:
+            if compiled.guard_check(*full, **kwargs):
+                store.bump("memory", "hits")
+                return compiled
+            store.bump("", "guard_misses")
+        store.bump("memory", "misses")
+        fn_globals = getattr(self.fn, "__globals__", {})
+        for tier, root in store.disk_tiers():
+            if store.is_unsaveable(root, key):
+                _unsaveable[key] = "marked unsaveable"
+                store.bump(tier, "hits")
+                return _ORDINARY
+            payload = store.read(root, key)
+            if payload is None:
+                store.bump(tier, "misses")
+                continue
+            try:
+                compiled = artifact.loads(payload, fn_globals)
+            except artifact.StaleEntry as exc:
+                log.info("hf_tpu compile cache: stale entry %s (%s)", key, exc)
+                store.bump("", "stale")
+                store.bump(tier, "misses")
+                continue
+            except Exception as exc:  # noqa: BLE001 - an unusable entry is a miss, never an error
+                log.debug("hf_tpu compile cache: cannot load %s", key, exc_info=True)
+                store.warn_once(key, f"ignoring unreadable cache entry {key} in {root} "
+                                     f"({type(exc).__name__}: {exc}); compiling instead")
+                store.bump("", "corrupt")
+                store.bump(tier, "misses")
+                continue
+            if not compiled.guard_check(*full, **kwargs):
+                store.bump("", "guard_misses")
+                store.bump(tier, "misses")
+                continue
+            store.bump(tier, "hits")
+            if tier == "shared":
+                store.write(store.host_dir(), key, payload)
+            _memory[key] = compiled
+            return compiled
+        return self._compile(key, full, kwargs, fn_globals)
+
+    def _compile(self, key: str, full: tuple[Any, ...], kwargs: dict[str, Any], fn_globals: dict[str, Any]) -> Any:
+        from hf_tpu.compile_cache import serializable
+
+        try:
+            compiled = serializable.aot_compile(self.fn, full, kwargs)
+        except Exception as exc:  # noqa: BLE001 - graph break, unsaveable guard: the ordinary path
+            reason = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+            log.info("hf_tpu compile cache: %s takes the ordinary compile path (%s)", key, reason)
+            _unsaveable[key] = reason
+            store.bump("", "unsaveable")
+            for _, root in store.disk_tiers():
+                store.mark_unsaveable(root, key, reason)
+            return _ORDINARY
+        _memory[key] = compiled
+        try:
+            payload = artifact.dumps(compiled, fn_globals)
+        except Exception as exc:  # noqa: BLE001 - usable in this process, just not saved
+            log.info("hf_tpu compile cache: %s compiled but not saved (%s: %s)", key, type(exc).__name__, exc)
+            store.bump("", "unsaveable")
+            return compiled
+        for _, root in store.disk_tiers():
+            if store.write(root, key, payload):
+                store.bump("", "saved")
+        return compiled
+
+
+_reset_hooked = False
+
+
+def _hook_dynamo_reset() -> None:
+    """torch._dynamo.reset() forgets every compiled graph of the process: the memory tier too (the disk
+    tiers stay, as torch's own on-disk caches do)."""
+    global _reset_hooked
+    import torch._dynamo
+
+    if _reset_hooked:
+        return
+    original = torch._dynamo.reset
+
+    @functools.wraps(original)
+    def reset() -> None:
+        original()
+        _memory.clear()
+        _unsaveable.clear()
+
+    torch._dynamo.reset = reset
+    _reset_hooked = True
+
+
+def wrap(model: Any, compiled: Any) -> Any:
+    """Put the cache in front of `compiled` (what torch.compile returned for `model`)."""
+    import torch._dynamo.config as dconfig
+
+    _hook_dynamo_reset()
+    # as hf_tpu.compile.tpu_backend does on first use (a cache hit never reaches the backend, and
+    # aot_compile_fullgraph restores the flag it ran under)
+    dconfig.automatic_dynamic_shapes = False
+    if isinstance(model, torch.nn.Module) and isinstance(compiled, torch.nn.Module):
+        fallback = compiled.forward
+        # OptimizedModule calls self.forward from Module.__call__; the cache replaces it, and passes the
+        # original module (not the OptimizedModule) to the compiled wrapper
+        compiled.forward = CachedCall(_call_module, fallback, prefix=(model,))
+        return compiled
+    if inspect.ismethod(model):  # e.g. Transformers' `torch.compile(self.__call__)`: the function, self first
+        call = CachedCall(model.__func__, compiled, prefix=(model.__self__,))
+        return functools.wraps(model)(lambda *a, **k: call(*a, **k))
+    if inspect.isfunction(model):
+        call = CachedCall(model, compiled)
+        return functools.wraps(model)(lambda *a, **k: call(*a, **k))
+    return compiled

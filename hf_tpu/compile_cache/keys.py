@@ -1,0 +1,155 @@
+"""Cache keys for compiled graphs. The saved artifact's own check covers only the Python and torch versions,
+so what decides whether a saved graph may serve a call is ours, and all of it is in the key:
+
+- versions: hf_tpu (and a digest of the hf_tpu sources that shape a graph), torch, JAX, jaxlib, torchax, Transformers, Diffusers, Python (and the key format);
+- the compiled function: module, qualified name and a digest of its code (bytecode, constants, names);
+- the call's arguments, recursively: tensors by shape, dtype, device, strides and requires_grad; modules by
+  class, config (Transformers/Diffusers `config`), training flag and parameters (names, shapes, dtypes);
+  other values by type and value;
+- the state the graph depends on: matmul precision, grad mode, default dtype;
+- hf_tpu's lowering table as far as it shapes the ATen graph: which ops are decomposed before lowering
+  (an op gaining or losing a lowering changes the graph). The lowerings themselves are not in the key: a
+  loaded graph is lowered again by today's table, so a changed lowering shows on a warm cache.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import sys
+import types
+from importlib import metadata
+from typing import Any
+
+import torch
+
+FORMAT = 1  # bump when the saved layout or the key's meaning changes
+
+
+@functools.cache
+def versions() -> dict[str, str]:
+    out = {"python": sys.version.split()[0], "format": str(FORMAT)}
+    for pkg in ("hf-tpu", "torch", "jax", "jaxlib", "torchax", "transformers", "diffusers"):
+        try:
+            out[pkg] = metadata.version(pkg)
+        except metadata.PackageNotFoundError:
+            out[pkg] = ""
+    out["hf_tpu_code"] = _hf_tpu_code_digest()
+    return out
+
+
+def _hf_tpu_code_digest() -> str:
+    """hf_tpu's version stays 0.1.0 while its code changes: the sources that shape a saved graph (the
+    compiler and its decompositions, the serialized backend, the Transformers patches Dynamo traces) count."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    h = hashlib.sha256()
+    for rel in ("compile.py", "lowering.py", "patches.py", "compile_cache/serializable.py", "compile_cache/keys.py"):
+        try:
+            h.update((root / rel).read_bytes())
+        except OSError:
+            h.update(rel.encode())
+    return h.hexdigest()[:16]
+
+
+@functools.cache
+def lowering_fingerprint() -> str:
+    """Digest of which ops hf_tpu lowers directly (hand-written or torchax's, as lowering.find accepts them):
+    the part of the lowering table that shapes the ATen graph, since every other op is decomposed first
+    (hf_tpu.compile._decompositions). Cheaper than listing the decompositions (~1 s to materialise)."""
+    from hf_tpu import lowering
+    from hf_tpu.torchax_compat import load_op_table
+
+    lowerings, _ = load_op_table()
+    ops: set[Any] = set(lowering.HAND_LOWERINGS)
+    for op in lowerings:
+        if isinstance(op, torch._ops.OpOverloadPacket):
+            ops.update(getattr(op, name) for name in op.overloads())
+        elif isinstance(op, torch._ops.OpOverload):
+            ops.add(op)
+    names = sorted(lowering.op_name(op) for op in ops if lowering.find(op) is not None)
+    return hashlib.sha256("\n".join(names).encode()).hexdigest()[:16]
+
+
+def code_digest(code: types.CodeType) -> str:
+    h = hashlib.sha256()
+
+    def feed(c: types.CodeType) -> None:
+        h.update(c.co_code)
+        h.update(repr(c.co_names).encode())
+        h.update(repr(c.co_varnames).encode())
+        for k in c.co_consts:
+            if isinstance(k, types.CodeType):
+                feed(k)
+            else:
+                h.update(repr(k).encode())
+
+    feed(code)
+    return h.hexdigest()[:16]
+
+
+def function_id(fn: Any) -> dict[str, str]:
+    code = getattr(fn, "__code__", None)
+    return {"module": str(getattr(fn, "__module__", "")), "qualname": str(getattr(fn, "__qualname__", fn)),
+            "code": code_digest(code) if code is not None else ""}
+
+
+def _config_digest(config: Any) -> str:
+    try:
+        if hasattr(config, "to_json_string"):
+            text = config.to_json_string(use_diff=False)
+        else:
+            text = json.dumps(dict(config), sort_keys=True, default=repr)
+    except Exception:  # noqa: BLE001 - an odd config still gets a key, its repr
+        text = repr(config)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _module_digest(m: torch.nn.Module) -> dict[str, Any]:
+    h = hashlib.sha256()
+    for name, t in list(m.named_parameters()) + list(m.named_buffers()):
+        h.update(f"{name}:{tuple(t.shape)}:{t.dtype}:{t.device.type}:{t.requires_grad};".encode())
+    config = getattr(m, "config", None)
+    return {"class": f"{type(m).__module__}.{type(m).__qualname__}", "training": m.training,
+            "config": _config_digest(config) if config is not None else "", "params": h.hexdigest()[:16]}
+
+
+def describe(x: Any, depth: int = 0) -> Any:
+    """A JSON-able description of one argument: what the key depends on."""
+    if depth > 8:
+        return type(x).__qualname__
+    if isinstance(x, torch.Tensor):
+        return {"t": [list(x.shape), str(x.dtype), x.device.type, list(x.stride()), x.requires_grad]}
+    if isinstance(x, torch.nn.Module):
+        return _module_digest(x)
+    if isinstance(x, dict):
+        return {"d": [[str(k), describe(v, depth + 1)] for k, v in x.items()]}
+    if isinstance(x, list | tuple):
+        return {type(x).__name__: [describe(v, depth + 1) for v in x]}
+    if x is None or isinstance(x, bool | int | float | str | torch.dtype | torch.device):
+        return repr(x)
+    config = getattr(x, "config", None)
+    out = {"obj": f"{type(x).__module__}.{type(x).__qualname__}"}
+    if config is not None:
+        out["config"] = _config_digest(config)
+    return out
+
+
+def call_key(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """(hex key, the description it hashes) for compiling `fn(*args, **kwargs)` now."""
+    from hf_tpu import precision
+
+    desc = {
+        "versions": versions(),
+        "lowering": lowering_fingerprint(),
+        "function": function_id(fn),
+        "args": [describe(a) for a in args],
+        "kwargs": {k: describe(v) for k, v in sorted(kwargs.items())},
+        "precision": precision.current(),
+        "grad": torch.is_grad_enabled(),
+        "default_dtype": str(torch.get_default_dtype()),
+    }
+    text = json.dumps(desc, sort_keys=True, default=repr)
+    return hashlib.sha256(text.encode()).hexdigest()[:32], desc

@@ -1,0 +1,217 @@
+"""The "tpu" backend in a form `torch._dynamo.aot_compile` can save: AOTAutograd with a serializable compiler
+whose output (`TpuOutputCode`) keeps the functional ATen graph, never the JAX lowering of it.
+
+Saving the ATen graph is what keeps a warm cache honest: on load `post_compile` lowers the graph again with
+today's lowering table (hf_tpu.compile.to_jax_function), so a changed lowering shows on a warm night, and
+JAX's persistent cache (keyed by the lowered program itself) decides whether XLA compiles again.
+PyTorch's protocol for this is `SerializableAOTDispatchCompiler` plus an `OutputCode` subclass with
+`prepare_for_serialization` and `post_compile`, under `bundled_autograd_cache` (vLLM's
+VllmSerializableFunction does the same for Inductor).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import torch
+from torch._inductor.output_code import OutputCode
+from torch.utils import _pytree as pytree
+
+
+def _graph_example_inputs(gm: torch.fx.GraphModule) -> list[Any]:
+    """What the compiler needs of the example inputs (which are tensors, which are static), read from the
+    placeholders' metadata: on load AOTAutograd passes no example inputs."""
+    return [n.meta.get("val") for n in gm.graph.nodes if n.op == "placeholder"]
+
+
+@dataclasses.dataclass
+class TpuOutputCode(OutputCode):
+    """One AOTAutograd graph (forward or backward) for the tpu backend. Pickles as the ATen graph (through
+    torch.fx's GraphPickler, which keeps the nodes' fake-tensor metadata the lowering reads)."""
+
+    _boxed_call = True  # AOTAutograd calls it with one list of inputs, as compile._compiler's program
+
+    gm: torch.fx.GraphModule | None = None
+    graph_bytes: bytes | None = None
+    _run: Callable[[list[Any]], Any] | None = dataclasses.field(default=None, repr=False)
+
+    def _ensure(self) -> Callable[[list[Any]], Any]:
+        if self._run is None:
+            from hf_tpu import compile as C
+
+            if self.gm is None:
+                self.gm = _load_graph(self.graph_bytes)
+            self._run = C._compiler(self.gm, _graph_example_inputs(self.gm))
+        return self._run
+
+    def __call__(self, *inputs: Any) -> Any:
+        # boxed (one list) from AOTAutograd's wrappers; unboxed through SerializableCompiledFunction's
+        if len(inputs) == 1 and isinstance(inputs[0], list):
+            return self._ensure()(inputs[0])
+        return self._ensure()(list(inputs))
+
+    def prepare_for_serialization(self) -> None:
+        # called on a shallow copy (BundledOutputCodeLoadable.pre_save): the live graph stays usable
+        if self.graph_bytes is None:
+            self.graph_bytes = _dump_graph(self.gm)
+        self.gm = None
+        self._run = None
+
+    def post_compile(self, example_inputs: Sequence[Any], constants: Any, graph_kwargs: Any) -> None:
+        self._ensure()  # lowered by today's backend
+
+    def set_triton_bundle(self, triton_bundle: Any) -> None:
+        pass
+
+
+def _dump_graph(gm: torch.fx.GraphModule) -> bytes:
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+    from torch.fx._graph_pickler import GraphPickler, Options
+
+    # A tpu tensor's data lives in JAX, which torch's storage pickling cannot see: constants the graph
+    # reads (get_attr) are pickled as CPU tensors (the compiler accepts either) and put back afterwards.
+    swapped: list[tuple[dict[str, Any], str, torch.Tensor]] = []
+    with unset_fake_temporarily():
+        for mod in gm.modules():
+            for table in (mod._buffers, mod._parameters, mod.__dict__):
+                for name, value in list(table.items()):
+                    if isinstance(value, torch.Tensor) and value.device.type == "tpu":
+                        swapped.append((table, name, value))
+                        cpu = value.detach().cpu()
+                        table[name] = (torch.nn.Parameter(cpu, value.requires_grad)
+                                       if isinstance(value, torch.nn.Parameter) else cpu)
+    # Only the metadata the lowering reads is kept, fake tensors as plain (shape, stride, dtype) records:
+    # rebuilding ~1,200 fake tensors took most of a GPT-2 graph's load time (0.9 s).
+    metas = [(n, n.meta) for n in gm.graph.nodes]
+    for n, meta in metas:
+        n.meta = {k: (pytree.tree_map(_TensorRecord.of, meta[k]) if k == "val" else meta[k])
+                  for k in _KEPT_META if k in meta}
+    try:
+        return GraphPickler.dumps(gm, Options(ops_filter=None))
+    finally:
+        for table, name, value in swapped:
+            table[name] = value
+        for n, meta in metas:
+            n.meta = meta
+
+
+def _load_graph(data: bytes | None) -> torch.fx.GraphModule:
+    from torch._subclasses import FakeTensorMode
+    from torch.fx._graph_pickler import GraphPickler
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    if data is None:
+        raise RuntimeError("hf_tpu compile cache: a saved graph has no content")
+    gm = GraphPickler.loads(data, FakeTensorMode(shape_env=ShapeEnv()))
+    for n in gm.graph.nodes:
+        if "val" in n.meta:
+            n.meta["val"] = pytree.tree_map(lambda v: v.meta() if isinstance(v, _TensorRecord) else v, n.meta["val"])
+    return gm  # not recompiled: the lowering walks the graph, never runs gm.forward
+
+
+_KEPT_META = ("val", "stack_trace")
+
+
+@dataclasses.dataclass(frozen=True)
+class _TensorRecord:
+    """A node's tensor metadata as saved; loaded as a meta tensor (what the lowering reads: dtype, shape)."""
+
+    shape: tuple[int, ...]
+    stride: tuple[int, ...]
+    dtype: torch.dtype
+
+    @classmethod
+    def of(cls, v: Any) -> Any:
+        if isinstance(v, torch.Tensor):
+            return cls(tuple(int(d) for d in v.shape), tuple(int(d) for d in v.stride()), v.dtype)
+        return v
+
+    def meta(self) -> torch.Tensor:
+        return torch.empty_strided(self.shape, self.stride, dtype=self.dtype, device="meta")
+
+
+def _make_output_code(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> TpuOutputCode:
+    from hf_tpu import compile as C
+
+    code = TpuOutputCode(gm=gm)
+    code._run = C._compiler(gm, list(example_inputs))
+    return code
+
+
+def serializable_backend(gm: torch.fx.GraphModule, example_inputs: list[Any], **kwargs: Any) -> Callable[..., Any]:
+    """The tpu backend with a saveable output (for `aot_compile_fullgraph`); same lowering as
+    hf_tpu.compile.tpu_backend."""
+    import torch._dynamo.config as dconfig
+    from torch._dynamo.backends.common import aot_autograd
+    from torch._functorch._aot_autograd.schemas import SerializableAOTDispatchCompiler
+
+    from hf_tpu import compile as C
+
+    dconfig.automatic_dynamic_shapes = False
+    C._bump("graphs")
+    # two instances: AOTAutograd wraps the backward compiler's function in place
+    fw = SerializableAOTDispatchCompiler(TpuOutputCode, _make_output_code)
+    bw = SerializableAOTDispatchCompiler(TpuOutputCode, _make_output_code)
+    start = time.perf_counter()
+    try:
+        with torch._functorch.config.patch(bundled_autograd_cache=True):
+            return aot_autograd(fw_compiler=fw, bw_compiler=bw,
+                                decompositions=C._decompositions())(gm, example_inputs, **kwargs)
+    finally:
+        C._bump_time("aot_s", time.perf_counter() - start)
+
+
+def guard_filter(entries: Sequence[Any]) -> list[bool]:
+    """Keep the guards that can be saved: tensor shapes, dtypes, devices, strides and requires_grad, constants,
+    grad mode. Identity guards (ID_MATCH on the model object, functions, classes, modules) and globals cannot
+    be saved; what they protected is in the cache key instead (the function's code, the model's class and
+    config, the versions), and the code Dynamo inlined is checked against its source on load."""
+    from torch._dynamo.guards import CheckFunctionManager
+
+    bad = set(CheckFunctionManager.UNSUPPORTED_SERIALIZATION_GUARD_TYPES)
+    return [not (e.is_global or e.guard_type in bad or bad.intersection(e.derived_guard_types or ()))
+            for e in entries]
+
+
+def aot_compile(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """Dynamo (full graph) + AOTAutograd for `fn(*args, **kwargs)`, as a saveable AOTCompiledFunction.
+    Raises on a graph break or anything that cannot be saved."""
+    from torch._dynamo.aot_compile import aot_compile_fullgraph
+    from torch._dynamo.hooks import Hooks
+
+    with _meta_safe_guard_pickling():
+        return aot_compile_fullgraph(fn, (args, kwargs), hooks=Hooks(guard_filter_fn=guard_filter),
+                                     backend=serializable_backend, dynamic=False)
+
+
+@contextlib.contextmanager
+def _meta_safe_guard_pickling() -> Iterator[None]:
+    """Dynamo saves a guarded tensor as `torch.empty_like(t, device="meta")`, which for a tpu tensor returns
+    a tpu tensor in hf_tpu today (dispatch.py, being fixed by its owner); saved guards then cannot be loaded
+    ("'_Missing' object has no attribute 'device'"). While we save, tpu tensors are described by a meta
+    tensor built directly. Local to our aot_compile; remove once empty_like honours device="meta"."""
+    from torch._dynamo.guards import GuardsStatePickler
+    from torch._subclasses.fake_tensor import FakeTensor
+    from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+    original = GuardsStatePickler.reducer_override
+
+    def reducer_override(self: Any, obj: Any) -> Any:
+        if (isinstance(obj, torch.Tensor) and not isinstance(obj, FakeTensor) and obj.device.type == "tpu"
+                and id(obj) in self.guard_tree_values and id(obj) not in self.missing_values
+                and id(obj) not in self.empty_values and not is_traceable_wrapper_subclass(obj)):
+            meta = torch.empty_strided(obj.size(), obj.stride(), dtype=obj.dtype, device="meta",
+                                       requires_grad=obj.requires_grad)
+            return type(self)._unpickle_tensor, (meta, obj.device, type(obj),
+                                                 torch._C._dispatch_keys(obj).raw_repr(), obj.grad)
+        return original(self, obj)
+
+    GuardsStatePickler.reducer_override = reducer_override
+    try:
+        yield
+    finally:
+        GuardsStatePickler.reducer_override = original

@@ -1,0 +1,98 @@
+"""Run by tests/hf_tpu/test_graph_cache.py in a fresh process: compile a model with backend="tpu", print one
+JSON line (outputs vs CPU, Dynamo traces, cache stats). Options come from the environment (CHILD_*)."""
+
+import json
+import os
+import sys
+import warnings
+
+import torch
+
+import hf_tpu
+
+traces = 0
+
+
+def _count_traces() -> None:
+    """Count Dynamo's bytecode tracing runs (the work a cache hit skips)."""
+    from torch._dynamo import symbolic_convert
+
+    original = symbolic_convert.InstructionTranslator.run
+
+    def run(self):  # noqa: ANN001, ANN202
+        global traces
+        traces += 1
+        return original(self)
+
+    symbolic_convert.InstructionTranslator.run = run
+
+
+class MLP(torch.nn.Module):
+    def __init__(self, width: int = 16) -> None:
+        super().__init__()
+        self.fc1 = torch.nn.Linear(width, 32)
+        self.fc2 = torch.nn.Linear(32, width)
+        self.scale = float(os.environ.get("CHILD_SCALE", "1.0"))  # a plain attribute: guarded, not keyed
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if os.environ.get("CHILD_BREAK") == "1":
+            torch._dynamo.graph_break()
+        return self.fc2(torch.relu(self.fc1(x))) * self.scale + x
+
+
+def build(kind: str):  # noqa: ANN201
+    torch.manual_seed(0)
+    if kind == "llama":
+        from transformers import LlamaConfig, LlamaForCausalLM
+
+        cfg = LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                          num_key_value_heads=1, vocab_size=128, max_position_embeddings=64)
+        model = LlamaForCausalLM(cfg).eval()
+        return model, {"input_ids": torch.randint(0, 128, (1, 8))}
+    width = int(os.environ.get("CHILD_WIDTH", "16"))
+    return MLP(width).eval(), {"x": torch.randn(2, width)}
+
+
+def main() -> None:
+    import torch._dynamo
+
+    _count_traces()
+    hf_tpu.set_matmul_precision(os.environ.get("CHILD_PRECISION", "highest"))
+    if os.environ.get("CHILD_INJECT") == "1":
+        # an injected lowering change: aten.relu lowered as identity (the op's lowering, not the graph)
+        from hf_tpu import lowering
+
+        original_find = lowering.find
+
+        def find(op):  # noqa: ANN001, ANN202
+            if op is torch.ops.aten.relu.default:
+                return lambda x: x
+            return original_find(op)
+
+        lowering.find = find
+    model, inputs = build(sys.argv[1])
+    with torch.no_grad():
+        expected = model(**inputs)
+        expected = expected.logits if hasattr(expected, "logits") else expected
+        model = model.to("tpu")
+        dev_inputs = {k: v.to("tpu") for k, v in inputs.items()}
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            compiled = torch.compile(model, backend="tpu")
+            out = compiled(**dev_inputs)
+            out = (out.logits if hasattr(out, "logits") else out).cpu()
+            again = compiled(**dev_inputs)
+            again = (again.logits if hasattr(again, "logits") else again).cpu()
+    stats = hf_tpu.compile_stats()
+    print(json.dumps({
+        "max_err": (out - expected).abs().max().item(),
+        "again_err": (again - expected).abs().max().item(),
+        "traces": traces,
+        "graphs": stats["graphs"],
+        "tiers": stats["tiers"],
+        "warnings": [str(w.message) for w in caught if "compile cache" in str(w.message)],
+    }))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,124 @@
+"""The invalidation rules of the graph cache (hf_tpu/compile_cache/keys.py): each thing a saved graph
+depends on is in its key, so changing it is a miss. Fast, in process."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import hf_tpu  # noqa: F401
+from hf_tpu import lowering
+from hf_tpu.compile_cache import artifact, keys
+
+
+def call(model, inputs):  # noqa: ANN001, ANN201
+    return model(**inputs)
+
+
+def llama(**overrides):  # noqa: ANN003, ANN201
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+               num_key_value_heads=1, vocab_size=128, max_position_embeddings=64)
+    cfg.update(overrides)
+    return LlamaForCausalLM(LlamaConfig(**cfg)).eval()
+
+
+@pytest.fixture(scope="module")
+def model():  # noqa: ANN201
+    return llama()
+
+
+def key(model, ids=None, fn=call) -> str:  # noqa: ANN001
+    ids = torch.zeros(1, 8, dtype=torch.long) if ids is None else ids
+    return keys.call_key(fn, (model, {"input_ids": ids}), {})[0]
+
+
+def test_key_is_stable(model) -> None:
+    assert key(model) == key(model) == key(llama())  # same config, a different instance
+
+
+def test_versions_change_the_key(model, monkeypatch) -> None:
+    before = key(model)
+    real = keys.versions()
+    for pkg in ("torch", "jax", "jaxlib", "transformers", "hf-tpu", "hf_tpu_code", "python"):
+        assert pkg in real
+        monkeypatch.setattr(keys, "versions", lambda pkg=pkg: {**real, pkg: "0.0.0-other"})
+        assert key(model) != before, pkg
+        monkeypatch.undo()
+    assert key(model) == before
+
+
+def test_config_changes_the_key(model) -> None:
+    assert key(llama(rms_norm_eps=1e-5)) != key(model)
+    assert key(llama(hidden_act="gelu")) != key(model)
+
+
+def test_shapes_and_dtypes_change_the_key(model) -> None:
+    base = key(model)
+    assert key(model, torch.zeros(1, 9, dtype=torch.long)) != base
+    assert key(model, torch.zeros(2, 8, dtype=torch.long)) != base
+    assert key(model, torch.zeros(1, 8, dtype=torch.int32)) != base
+    assert key(llama().to(torch.bfloat16)) != base  # parameter dtypes
+
+
+def test_precision_changes_the_key(model, precision) -> None:
+    precision("highest")
+    high = key(model)
+    precision("medium")
+    assert key(model) != high
+
+
+def test_grad_mode_and_function_change_the_key(model) -> None:
+    base = key(model)
+    with torch.no_grad():
+        assert key(model) != base
+
+    def other(model, inputs):  # noqa: ANN001, ANN202
+        return model(**inputs).logits
+
+    assert key(model, fn=other) != base
+
+
+def test_lowering_table_changes_the_key(model, monkeypatch) -> None:
+    base = key(model)
+    # an op gaining a lowering: it is no longer decomposed, so the ATen graph would differ
+    keys.lowering_fingerprint.cache_clear()
+    monkeypatch.setitem(lowering.HAND_LOWERINGS, torch.ops.aten.fake_quantize_per_tensor_affine.default,
+                        lambda *a, **k: a[0])
+    lowering.find.cache_clear()
+    try:
+        assert key(model) != base
+    finally:
+        monkeypatch.undo()
+        lowering.find.cache_clear()
+        keys.lowering_fingerprint.cache_clear()
+    assert key(model) == base
+
+
+def test_changed_source_makes_an_entry_stale() -> None:
+    import inspect
+
+    from torch._dynamo.package import _hash_source
+
+    lines, first = inspect.getsourcelines(call)
+    good = [(__name__, first, first + len(lines), _hash_source("".join(lines)))]
+    artifact.check_sources(good)
+    with pytest.raises(artifact.StaleEntry):
+        artifact.check_sources([(__name__, first, first + len(lines), _hash_source("changed"))])
+
+
+def test_cache_dirs_follow_the_environment(tmp_path, monkeypatch) -> None:
+    from hf_tpu import runtime
+
+    for var in ("HF_TPU_CACHE_DIR", "HF_TPU_GRAPH_CACHE_DIR", "HF_TPU_SHARED_CACHE_DIR"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert runtime.cache_dir() == tmp_path / "xdg" / "hf_tpu" / "xla"
+    assert runtime.graph_cache_dir() == tmp_path / "xdg" / "hf_tpu" / "graphs"
+    assert runtime.shared_cache_dir() is None
+    monkeypatch.setenv("HF_TPU_CACHE_DIR", str(tmp_path / "c"))  # one variable moves every cache
+    assert runtime.graph_cache_dir() == tmp_path / "c" / "graphs"
+    monkeypatch.setenv("HF_TPU_GRAPH_CACHE_DIR", str(tmp_path / "g"))
+    monkeypatch.setenv("HF_TPU_SHARED_CACHE_DIR", str(tmp_path / "s"))
+    assert runtime.graph_cache_dir() == tmp_path / "g" and runtime.shared_cache_dir() == tmp_path / "s"
