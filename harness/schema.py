@@ -3,8 +3,9 @@ change to COLUMNS and say what changed in CHANGES, so nightly files of different
 
 from __future__ import annotations
 
-SCHEMA_VERSION = 1
-CHANGES = {1: "first version"}
+SCHEMA_VERSION = 2
+CHANGES = {1: "first version",
+           2: "numerics verdict columns: rel_rmse, reference, uninformative, nondeterministic, canary"}
 
 # Status words follow PyTorch's benchmarks/dynamo harness where it has one.
 STATUSES = (
@@ -42,6 +43,12 @@ COLUMNS: list[tuple[str, str, str]] = [
     ("max_rel_err", "float", "max |tpu - baseline| / max(|baseline|) per tensor, worst tensor"),
     ("cosine", "float", "lowest cosine similarity between tpu and baseline over output tensors"),
     ("rmse_ratio", "float", "rmse(fp64, tpu) / rmse(fp64, baseline), worst tensor (PyTorch same() rule)"),
+    ("rel_rmse", "float", "rmse(fp64, tpu) / RMS(fp64), worst tensor: the error in units of the tensor's scale"),
+    ("reference", "str", "float64 reference: valid | invalid: why (the row is judged without it) | none"),
+    ("uninformative", "str", "why no baseline output carries information (zeros, constant, not finite, "
+                             "unchanged when the input changes); '' when informative"),
+    ("nondeterministic", "str", "two tpu runs of the same inputs differed: where and by how much; '' otherwise"),
+    ("canary", "str", "--canary: caught | missed | untouched (fault, detail); '' when not run"),
     ("compile_s", "float", "seconds spent compiling (compiled mode: first call minus steady state)"),
     ("first_run_s", "float", "seconds for the first call"),
     ("run_s", "float", "steady-state seconds per call"),
