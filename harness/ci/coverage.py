@@ -6,7 +6,8 @@ Definitions (one place, used by the dashboard and available to the sweep's cover
   say nothing about the backend);
 - crash-free %: denominator rows whose status is not in schema.RUN_FAILURES, over the denominator;
 - numerics-match %: `pass` rows over the rows that ran (pass + fail_accuracy), i.e. of the rows that
-  produced outputs, how many matched the baseline.
+  produced outputs, how many matched the baseline; rows whose baseline outputs are uninformative (column
+  `uninformative`: zeros, constant, ...) are left out of both, since any backend matches them.
 A figure with an empty denominator has pct None (shown as "n/a"), never 0 % or 100 %.
 """
 
@@ -58,8 +59,9 @@ def headline(df: pd.DataFrame) -> Headline:
     st = df["status"]
     den = int(in_denominator(df).sum())
     crashes = int(st.isin(schema.RUN_FAILURES).sum())
-    ran = int(st.isin(RAN).sum())
-    passed = int((st == "pass").sum())
+    informative = df["uninformative"].fillna("").astype(str) == "" if "uninformative" in df.columns else True
+    ran = int((st.isin(RAN) & informative).sum())
+    passed = int(((st == "pass") & informative).sum())
     return Headline(
         rows=len(df),
         excluded=len(df) - den,
@@ -301,6 +303,11 @@ def coverage_markdown(df: pd.DataFrame, worst: int = 20) -> str:
                 f"| {fmt_num(r['cosine'], 6, fixed=True)} | {r['modes']} | {_md(r['located_modules'])} "
                 f"| {_md(r['examples'])} |"
             )
+    from harness.ci.verdicts import verdicts_markdown  # late: verdicts imports this module
+
+    verdicts = verdicts_markdown(df)
+    if verdicts:
+        lines += ["", verdicts.rstrip("\n")]
     wn = worst_numerics(df, worst)
     lines += ["", f"## Worst numerics (top {len(wn)})", ""]
     if wn.empty:

@@ -313,11 +313,24 @@ def run_canary(mode: str, built, ref: dict, fp64: dict | None, clean: dict, opts
                tol: numerics.Tolerance, dtype=None, rebuild: Callable | None = None) -> str:
     """`--canary`: the mode once more with opts.canary's fault injected into the backend (harness.sweep.canary).
     Returns "caught | missed | untouched (fault, rel rmse ...)" or "error (...)" when the faulty run raised."""
+    from harness.sweep import canary
+
+    fault = canary.parse_fault(opts.canary)
+    text = _canary_once(fault, mode, built, ref, fp64, clean, opts, device, tol, dtype, rebuild)
+    if text.startswith("untouched") and fault.family != "all":
+        # why untouched: no op of the family on the output's path; say whether a matmul-or-conv fault is seen
+        wider = canary.Fault("all", fault.factor)
+        text += f"; {wider}: " + _canary_once(wider, mode, built, ref, fp64, clean, opts, device, tol, dtype,
+                                              rebuild).split(" (")[0]
+    return text
+
+
+def _canary_once(fault, mode: str, built, ref: dict, fp64: dict | None, clean: dict, opts: SweepOptions,
+                 device: Device, tol: numerics.Tolerance, dtype=None, rebuild: Callable | None = None) -> str:
     import torch
 
     from harness.sweep import canary
 
-    fault = canary.parse_fault(opts.canary)
     try:
         with canary.inject(fault):
             model = prepare_model(built.model, device.name, dtype, rebuild)
