@@ -28,12 +28,14 @@ def main() -> int:
     p.add_argument("--match", default=None)
     p.add_argument("--factors", default="1.003,1.01,1.03,1.1")
     p.add_argument("--family", default="matmul", choices=("matmul", "conv", "all"))
+    p.add_argument("--no-emulate", action="store_true", help="CPU baseline at full float32 instead of the tpu's "
+                   "matmul precision (harness.sweep.emulate; what the sweep did before)")
     args = p.parse_args()
 
     import torch
 
     import hf_tpu  # noqa: F401
-    from harness.sweep import canary, numerics
+    from harness.sweep import canary, emulate, numerics
     from harness.sweep.runner import output_tensors, prepare_inputs, prepare_model, to_cpu
     from harness.zoo import load_zoo
 
@@ -54,7 +56,8 @@ def main() -> int:
             with torch.no_grad():
                 torch.manual_seed(0)
                 bm = prepare_model(b.model, None, low) if low else b.model
-                ref = to_cpu(output_tensors(b.call(bm, prepare_inputs(b.inputs, None, low))))
+                with emulate.matmul_precision("highest" if args.no_emulate else args.precision):
+                    ref = to_cpu(output_tensors(b.call(bm, prepare_inputs(b.inputs, None, low))))
                 torch.manual_seed(0)
                 fp64 = to_cpu(output_tensors(b.call(prepare_model(b.model, None, torch.float64),
                                                     prepare_inputs(b.inputs, None, torch.float64))))

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from importlib import metadata
 
 from harness.schema import SCHEMA_VERSION
-from harness.sweep import errors, informative, numerics
+from harness.sweep import emulate, errors, informative, numerics
 from harness.sweep.device import Device, backend_phase
 from harness.sweep.options import SweepOptions
 
@@ -161,8 +161,10 @@ def run_entry(entry, modes: tuple[str, ...], opts: SweepOptions, device: Device,
             torch.manual_seed(opts.seed)
             bmodel = prepare_model(built.model, base_dev, dtype if low_precision else None, rebuild) if (
                 base_dev or low_precision) else built.model
-            ref = to_cpu(output_tensors(call(bmodel, prepare_inputs(built.inputs, base_dev,
-                                                                      dtype if low_precision else None))))
+            with emulate.matmul_precision(opts.precision if base_dev is None else "highest"):
+                # the baseline at the backend's matmul precision: the fp64 rule stays precision-aware
+                ref = to_cpu(output_tensors(call(bmodel, prepare_inputs(built.inputs, base_dev,
+                                                                          dtype if low_precision else None))))
         uninformative = _uninformative(built, bmodel, ref, opts, base_dev, dtype if low_precision else None)
         del bmodel
     except Exception as exc:  # noqa: BLE001

@@ -259,3 +259,31 @@ def test_pipeline_float64_reference_is_valid_and_sees_a_fault():
     assert c.match and 0.5 < c.rmse_ratio < 2.0
     c = compare_outputs(ref, faulty, fp64, HIGHEST)
     assert not c.match and c.rmse_ratio > 100
+
+
+def test_coverage_states_the_canary_sensitivity_and_lists_misses():
+    import pandas as pd
+
+    from harness.ci import verdicts
+    from harness.ci.coverage import coverage_markdown
+
+    base = {"mode": "eager", "status": "pass", "uninformative": "", "reference": "valid", "nondeterministic": "",
+            "library": "t", "task": "t", "error_message": "", "error_type": "", "failing_op": "", "dtype": "float32",
+            "precision": "highest", "max_abs_err": 0.0, "max_rel_err": 0.0, "cosine": 1.0, "rmse_ratio": 1.0}
+    rows = [{**base, "entry_id": f"e{i}", "canary": "caught (matmul:1.01, rel rmse 0.01, rmse ratio 1e4)"}
+            for i in range(3)]
+    rows.append({**base, "entry_id": "miss", "canary": "missed (matmul:1.01, rel rmse 1e-6, rmse ratio 1.5)"})
+    rows.append({**base, "entry_id": "conv", "canary": "untouched (matmul:1.01, ...); all:1.01: caught"})
+    df = pd.DataFrame(rows)
+    assert verdicts.sensitivity(df).num == 3 and verdicts.sensitivity(df).den == 4
+    md = coverage_markdown(df)
+    assert "a matmul:1.01 fault is caught in 75.0% (3/4)" in md
+    assert "`miss`" in md.split("### Canary missed")[1].split("###")[0]
+    assert "`conv`" in md.split("### Canary untouched")[1]
+
+
+def test_bad_canary_fault_is_refused_by_the_cli(tmp_path, capsys):
+    from harness.cli import main
+
+    assert main(["sweep", "--zoo", "test:pass", "--canary", "gemm:2", "--out", str(tmp_path / "o")]) == 2
+    assert "bad canary fault" in capsys.readouterr().err
