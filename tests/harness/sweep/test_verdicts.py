@@ -109,17 +109,34 @@ def test_uninformative_row_in_the_runner_and_out_of_numerics_match(cpu_opts):
 
 
 def test_zoo_reinitialises_zero_weights_so_controlnet_outputs_are_not_zero():
-    from harness.zoo import load_zoo, output_tensors
+    from harness.zoo import output_tensors
+    from harness.zoo.diffusers_zoo import SPECS_BY_NAME
+    from harness.zoo.entry import ZooEntry
 
-    (entry,) = [e for e in load_zoo("smoke") if e.id == "diffusers/ControlNetModel"]
+    spec = SPECS_BY_NAME["ControlNetModel"]  # the smoke zoo's entry, without listing the whole zoo
+    entry = ZooEntry(id="diffusers/ControlNetModel", library="diffusers", model_type=spec.name,
+                     model_class=spec.cls, task=spec.task)
     built = entry.build(0)
     assert "controlnet_mid_block.weight" in built.notes["reinitialised"]
     with torch.no_grad():
         out = output_tensors(built.call(built.model, built.inputs))
     assert out and all(bool(t.abs().max() > 0) for t in out.values())
     assert informative.uninformative(out) == ""
-    again = entry.build(0)  # deterministic per seed
-    assert torch.equal(again.model.controlnet_mid_block.weight, built.model.controlnet_mid_block.weight)
+
+
+
+def test_zero_init_rule_is_deterministic_and_leaves_biases():
+    from harness.zoo.zero_init import reinit_zero_weights
+
+    def make():
+        m = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 4))
+        torch.nn.init.zeros_(m[1].weight)
+        torch.nn.init.zeros_(m[1].bias)
+        return m
+
+    a, b = make(), make()
+    assert reinit_zero_weights(a, 0) == ["1.weight"] == reinit_zero_weights(b, 0)
+    assert torch.equal(a[1].weight, b[1].weight) and bool(a[1].weight.any()) and not bool(a[1].bias.any())
 
 
 # ---------------------------------------------------------------------------------- data-dependent outputs
@@ -287,3 +304,28 @@ def test_bad_canary_fault_is_refused_by_the_cli(tmp_path, capsys):
 
     assert main(["sweep", "--zoo", "test:pass", "--canary", "gemm:2", "--out", str(tmp_path / "o")]) == 2
     assert "bad canary fault" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_float32_noise_passes_one_entry_of_every_task_family(tmp_path):
+    """Zero false failures at "highest": one smoke entry per task family, eager, by the sweep's own runner."""
+    from harness.sweep.device import get_device
+    from harness.sweep.options import SweepOptions
+    from harness.sweep.runner import run_entry
+    from harness.zoo import load_zoo
+
+    first = {}
+    for e in load_zoo("smoke"):
+        first.setdefault(e.task, e)
+    opts = SweepOptions(zoo="smoke", device="tpu", out=str(tmp_path / "run"), run_id="t", timeout=300,
+                        progress="none", repeats=1, precision="highest")
+    overrides = numerics.load_overrides(None)
+    bad = []
+    for task, entry in sorted(first.items()):
+        events = []
+        run_entry(entry, ("eager",), opts, get_device("tpu"), lambda k, p, ev=events: ev.append((k, p)),
+                  overrides=overrides)
+        (row,) = [p for k, p in events if k == "row"]
+        if row["status"] != "pass" or row.get("nondeterministic"):
+            bad.append((task, entry.id, row["status"], row.get("error_message"), row.get("nondeterministic")))
+    assert len(first) >= 20 and not bad, bad
