@@ -329,3 +329,37 @@ def test_float32_noise_passes_one_entry_of_every_task_family(tmp_path):
         if row["status"] != "pass" or row.get("nondeterministic"):
             bad.append((task, entry.id, row["status"], row.get("error_message"), row.get("nondeterministic")))
     assert len(first) >= 20 and not bad, bad
+
+
+def test_medium_baseline_is_rounded_like_the_tpu_and_still_sees_a_fault():
+    """At "medium" the CPU baseline rounds matmul operands to bfloat16 as the tpu does (harness.sweep.emulate):
+    clean tpu results then agree with it to float32 noise, and a 1% matmul error is not lost in bf16 noise."""
+    import hf_tpu  # noqa: F401
+    from harness.sweep import emulate
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.GELU(), torch.nn.Linear(64, 64)).eval()
+    x = torch.randn(8, 64)
+    medium = tolerance_for("x", "medium", "float32")
+    with torch.no_grad():
+        plain = model(x)
+        with emulate.matmul_precision("medium"):
+            ref = {"y": model(x)}
+            attn = torch.nn.functional.scaled_dot_product_attention(x[None], x[None], x[None])
+        fp64 = {"y": model.double()(x.double())}
+        model.float()
+        torch.set_float32_matmul_precision("medium")
+        try:
+            m = model.to("tpu")
+            tpu = {"y": m(x.to("tpu")).cpu()}
+            tattn = torch.nn.functional.scaled_dot_product_attention(*[x[None].to("tpu")] * 3).cpu()
+            with canary.inject("matmul:1.01"):
+                faulty = {"y": m(x.to("tpu")).cpu()}
+        finally:
+            torch.set_float32_matmul_precision("highest")
+    scale = float(ref["y"].pow(2).mean().sqrt())
+    assert float((plain - ref["y"]).abs().max()) > 1e-4 * scale  # the rounding is real
+    assert float((tpu["y"] - ref["y"]).abs().max()) < 1e-5 * scale  # and the same as the tpu's
+    assert float((tattn - attn).abs().max()) < 1e-5 * float(attn.abs().max())  # SDPA too
+    assert compare_outputs(ref, tpu, fp64, medium).match
+    assert not compare_outputs(ref, faulty, fp64, medium).match
