@@ -3,11 +3,13 @@ change to COLUMNS and say what changed in CHANGES, so nightly files of different
 
 from __future__ import annotations
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 CHANGES = {
     1: "first version",
     2: "cause and control_error: a compile_fail/fail_to_run row's attribution by its control run "
        "(harness/sweep/control.py); empty in version-1 files, which read as version 2 with these columns empty",
+    3: "numerics verdict columns: rel_rmse, reference, uninformative, nondeterministic, canary "
+       "(empty in older files)",
 }
 CAUSES = ("backend", "upstream")  # the control works | the control fails too
 
@@ -47,6 +49,12 @@ COLUMNS: list[tuple[str, str, str]] = [
     ("max_rel_err", "float", "max |tpu - baseline| / max(|baseline|) per tensor, worst tensor"),
     ("cosine", "float", "lowest cosine similarity between tpu and baseline over output tensors"),
     ("rmse_ratio", "float", "rmse(fp64, tpu) / rmse(fp64, baseline), worst tensor (PyTorch same() rule)"),
+    ("rel_rmse", "float", "rmse(fp64, tpu) / RMS(fp64), worst tensor: the error in units of the tensor's scale"),
+    ("reference", "str", "float64 reference: valid | invalid: why (the row is judged without it) | none"),
+    ("uninformative", "str", "why no baseline output carries information (zeros, constant, not finite, "
+                             "unchanged when the input changes); '' when informative"),
+    ("nondeterministic", "str", "two tpu runs of the same inputs differed: where and by how much; '' otherwise"),
+    ("canary", "str", "--canary: caught | missed | untouched (fault, detail); '' when not run"),
     ("compile_s", "float", "seconds spent compiling (compiled mode: first call minus steady state)"),
     ("first_run_s", "float", "seconds for the first call"),
     ("run_s", "float", "steady-state seconds per call"),
@@ -68,7 +76,8 @@ COLUMN_NAMES = [c for c, _, _ in COLUMNS]
 KEY = ("entry_id", "mode")
 # Columns added after version 1, with the version that added them: a file of an older version lacks them and
 # reads with them empty (readers: harness.sweep.results.read_csv, harness.ci.runs.read_results_csv).
-ADDED_IN: dict[str, int] = {"cause": 2, "control_error": 2}
+ADDED_IN: dict[str, int] = {"cause": 2, "control_error": 2, "rel_rmse": 3, "reference": 3, "uninformative": 3,
+                            "nondeterministic": 3, "canary": 3}
 
 
 def absent_in(version: int) -> list[str]:

@@ -79,8 +79,9 @@ def call_with_program(op: Any, fn: Callable[..., Any], args: tuple, kwargs: dict
 
     sk_args = tuple(skeleton(a) for a in args)
     sk_kwargs = tuple(sorted((k, skeleton(v)) for k, v in kwargs.items()))
-    # the default dtype too: a factory without a dtype is traced with it
-    key = (op, sk_args, sk_kwargs, precision, torch.get_default_dtype())
+    # the default dtype too: a factory without a dtype is traced with it; and the lowering itself, so a
+    # lowering replaced at run time (a fault injection, a user's override) gets its own program
+    key = (op, fn, sk_args, sk_kwargs, precision, torch.get_default_dtype())
     try:
         prog = _programs.get(key)
     except TypeError:  # an unhashable static argument

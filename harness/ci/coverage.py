@@ -8,7 +8,8 @@ Definitions (one place, used by the dashboard and available to the sweep's cover
 - crash-free where the control works %: the same over the denominator rows whose `cause` is not `upstream`
   (a compile_fail/fail_to_run row whose control, aot_eager on CPU, fails too: no backend could run it);
 - numerics-match %: `pass` rows over the rows that ran (pass + fail_accuracy), i.e. of the rows that
-  produced outputs, how many matched the baseline.
+  produced outputs, how many matched the baseline; rows whose baseline outputs are uninformative (column
+  `uninformative`: zeros, constant, ...) are left out of both, since any backend matches them.
 A figure with an empty denominator has pct None (shown as "n/a"), never 0 % or 100 %.
 """
 
@@ -71,8 +72,9 @@ def headline(df: pd.DataFrame) -> Headline:
     crash = st.isin(schema.RUN_FAILURES)
     crashes = int(crash.sum())
     upstream = int((crash & (cause_of(df) == "upstream")).sum())
-    ran = int(st.isin(RAN).sum())
-    passed = int((st == "pass").sum())
+    informative = df["uninformative"].fillna("").astype(str) == "" if "uninformative" in df.columns else True
+    ran = int((st.isin(RAN) & informative).sum())
+    passed = int(((st == "pass") & informative).sum())
     return Headline(
         rows=len(df),
         excluded=len(df) - den,
@@ -334,6 +336,11 @@ def coverage_markdown(df: pd.DataFrame, worst: int = 20) -> str:
                 f"| {fmt_num(r['cosine'], 6, fixed=True)} | {r['modes']} | {_md(r['located_modules'])} "
                 f"| {_md(r['examples'])} |"
             )
+    from harness.ci.verdicts import verdicts_markdown  # late: verdicts imports this module
+
+    verdicts = verdicts_markdown(df)
+    if verdicts:
+        lines += ["", verdicts.rstrip("\n")]
     wn = worst_numerics(df, worst)
     lines += ["", f"## Worst numerics (top {len(wn)})", ""]
     if wn.empty:

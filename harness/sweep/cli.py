@@ -54,6 +54,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     o.add_argument("--diagnose", action="store_true",
                    help="for each failing row, locate the first module and ATen op that go wrong and write a repro "
                         "(fills located_module, located_op, repro_path; reports in <out>/diagnose/)")
+    o.add_argument("--canary", nargs="?", const="matmul:1.01", default=None, metavar="FAULT",
+                   help="the harness's own sensitivity check: run each passing row once more with FAULT injected "
+                        "into the backend (FAMILY[:FACTOR], FAMILY among matmul, conv, all; default matmul:1.01) "
+                        "and record in column `canary` whether the numerics rule caught it; coverage.md states "
+                        "the share caught")
 
 
 class BadInput(ValueError):
@@ -125,7 +130,14 @@ def build_options(args) -> SweepOptions:  # noqa: F821
                         repeats=args.repeats, max_entries_per_worker=args.max_entries_per_worker,
                         executor=args.executor, ray_address=args.ray_address, tolerances=args.tolerances,
                         out=str(out), run_id=run_id, resume=args.resume, progress=args.progress,
-                        diagnose=getattr(args, "diagnose", False))
+                        diagnose=getattr(args, "diagnose", False), canary=getattr(args, "canary", None))
+    if opts.canary is not None:
+        from harness.sweep.canary import parse_fault
+
+        try:
+            parse_fault(opts.canary)
+        except ValueError as exc:
+            raise BadInput(f"--canary: {exc}") from None
     if opts.tolerances is not None and not os.path.isfile(opts.tolerances):
         raise BadInput(f"--tolerances: no such file {opts.tolerances!r}")
     return opts

@@ -48,6 +48,7 @@ class SweepOptions:
     resume: bool = False
     progress: str = "auto"
     diagnose: bool = False  # locate each failing row's module and op, write a repro (harness.diagnose)
+    canary: str | None = None  # fault spec (harness.sweep.canary): rerun each passing row with it injected
     env: dict = field(default_factory=dict)  # extra environment for workers
 
     def selection(self) -> dict:

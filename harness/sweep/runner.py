@@ -24,7 +24,7 @@ from harness.entry_calls import (  # noqa: F401  (re-exported: repro scripts wri
     to_cpu,
 )
 from harness.schema import SCHEMA_VERSION
-from harness.sweep import control, errors, numerics
+from harness.sweep import control, emulate, errors, informative, numerics
 from harness.sweep.device import Device, backend_phase
 from harness.sweep.options import SweepOptions
 
@@ -97,8 +97,11 @@ def run_entry(entry, modes: tuple[str, ...], opts: SweepOptions, device: Device,
             torch.manual_seed(opts.seed)
             bmodel = prepare_model(built.model, base_dev, dtype if low_precision else None, rebuild) if (
                 base_dev or low_precision) else built.model
-            ref = to_cpu(output_tensors(call(bmodel, prepare_inputs(built.inputs, base_dev,
-                                                                      dtype if low_precision else None))))
+            with emulate.matmul_precision(opts.precision if base_dev is None else "highest"):
+                # the baseline at the backend's matmul precision: the fp64 rule stays precision-aware
+                ref = to_cpu(output_tensors(call(bmodel, prepare_inputs(built.inputs, base_dev,
+                                                                          dtype if low_precision else None))))
+        uninformative = _uninformative(built, bmodel, ref, opts, base_dev, dtype if low_precision else None)
         del bmodel
     except Exception as exc:  # noqa: BLE001
         return finish_all("baseline_fail", **errors.error_fields(exc))
@@ -114,6 +117,13 @@ def run_entry(entry, modes: tuple[str, ...], opts: SweepOptions, device: Device,
             del rmodel
         except Exception:  # noqa: BLE001  (no fp64 reference: allclose alone decides)
             fp64 = None
+    # a reference that does not agree with the baseline to within its noise (another random draw, another
+    # code path in float64) compares nothing: the row is judged without it, and says so
+    ref_ok, ref_why = numerics.reference_valid(ref, fp64, tol) if fp64 is not None else (False, "")
+    reference = "valid" if ref_ok else ("none" if fp64 is None else f"invalid: {ref_why}")
+    fp64 = fp64 if ref_ok else None
+    for m in modes:
+        rows[m].update(reference=errors.normalise(reference), uninformative=uninformative)
 
     for mode in modes:
         emit("phase", mode)
@@ -134,6 +144,21 @@ DIAGNOSED = ("fail_accuracy", "fail_to_run", "compile_fail")
 
 compile_for_sweep = compile_call  # the older name
 _during_compile = during_compile
+
+def _uninformative(built, bmodel, ref: dict, opts: SweepOptions, device, dtype) -> str:
+    """harness.sweep.informative on the baseline: its outputs, and the outputs for perturbed inputs."""
+    import torch
+
+    perturbed = None
+    if not informative.uninformative(ref):  # something may carry information: does it follow the input?
+        pin = informative.perturb_inputs(built.inputs, opts.seed)
+        if pin is not None:
+            try:
+                torch.manual_seed(opts.seed)
+                perturbed = to_cpu(output_tensors(built.call(bmodel, prepare_inputs(pin, device, dtype))))
+            except Exception:  # noqa: BLE001  (perturbed inputs the model refuses: no evidence either way)
+                perturbed = None
+    return informative.uninformative(ref, perturbed)
 
 
 def diagnose(entry, built, mode: str, opts: SweepOptions, ref: dict, fp64: dict | None, overrides) -> dict:
@@ -172,9 +197,12 @@ def run_mode(mode: str, built, ref: dict, fp64: dict | None, opts: SweepOptions,
             phase = "steady"
             for _ in range(n):
                 inputs = prepare_inputs(built.inputs, device.name, dtype)
+                torch.manual_seed(opts.seed)
                 t0 = time.perf_counter()
-                to_cpu(output_tensors(fn(model, inputs)))
+                again = to_cpu(output_tensors(fn(model, inputs)))
                 times.append(time.perf_counter() - t0)
+                if not row.get("nondeterministic"):
+                    row["nondeterministic"] = errors.normalise(informative.first_difference(res, again))
         steady = statistics.median(times) if times else math.nan
         row.update(first_run_s=first, run_s=steady)
         if mode == "compiled" and times:
@@ -185,6 +213,11 @@ def run_mode(mode: str, built, ref: dict, fp64: dict | None, opts: SweepOptions,
         if not cmp.match:
             row["error_type"] = "AccuracyError"
             row["error_message"] = errors.normalise(cmp.reason)
+        elif cmp.notes:
+            row["error_message"] = errors.normalise(cmp.notes)  # what the rule tolerated, e.g. threshold flips
+        if cmp.match and getattr(opts, "canary", None):
+            phase = "canary"
+            row["canary"] = run_canary(mode, built, ref, fp64, res, opts, device, tol, dtype, rebuild)
     except Exception as exc:  # noqa: BLE001
         row.update(status=failure_status(exc, mode, phase == "first"), **errors.error_fields(exc))
     stats = device.stats()
@@ -192,3 +225,46 @@ def run_mode(mode: str, built, ref: dict, fp64: dict | None, opts: SweepOptions,
     row["graph_breaks"] = stats.get("graph_breaks")
     row["fallback_ops"] = ";".join(f"{k}:{v}" for k, v in sorted((stats.get("fallback_ops") or {}).items()))
     return row
+
+
+def run_canary(mode: str, built, ref: dict, fp64: dict | None, clean: dict, opts: SweepOptions, device: Device,
+               tol: numerics.Tolerance, dtype=None, rebuild: Callable | None = None) -> str:
+    """`--canary`: the mode once more with opts.canary's fault injected into the backend (harness.sweep.canary).
+    Returns "caught | missed | untouched (fault, rel rmse ...)" or "error (...)" when the faulty run raised."""
+    from harness.sweep import canary
+
+    fault = canary.parse_fault(opts.canary)
+    text = _canary_once(fault, mode, built, ref, fp64, clean, opts, device, tol, dtype, rebuild)
+    if text.startswith("untouched") and fault.family != "all":
+        # why untouched: no op of the family on the output's path; say whether a matmul-or-conv fault is seen
+        wider = canary.Fault("all", fault.factor)
+        text += f"; {wider}: " + _canary_once(wider, mode, built, ref, fp64, clean, opts, device, tol, dtype,
+                                              rebuild).split(" (")[0]
+    return text
+
+
+def _canary_once(fault, mode: str, built, ref: dict, fp64: dict | None, clean: dict, opts: SweepOptions,
+                 device: Device, tol: numerics.Tolerance, dtype=None, rebuild: Callable | None = None) -> str:
+    import torch
+
+    from harness.sweep import canary
+
+    try:
+        with canary.inject(fault):
+            model = prepare_model(built.model, device.name, dtype, rebuild)
+            fn = built.call
+            if mode == "compiled":
+                import torch._dynamo
+
+                torch._dynamo.reset()  # trace again: the fault must be in the compiled program
+                fn = compile_for_sweep(built.call, model, device.compile_backend)
+            with torch.no_grad(), backend_phase():
+                torch.manual_seed(opts.seed)
+                faulty = to_cpu(output_tensors(fn(model, prepare_inputs(built.inputs, device.name, dtype))))
+        if mode == "compiled":
+            torch._dynamo.reset()  # no faulty program is reused by a later entry
+    except Exception as exc:  # noqa: BLE001
+        return errors.normalise(f"error ({fault}: {type(exc).__name__}: {exc})")
+    cmp = numerics.compare_outputs(ref, faulty, fp64, tol)
+    outcome = canary.outcome(cmp.match, faulty, clean)
+    return f"{outcome} ({fault}, rel rmse {cmp.rel_rmse:.3g}, rmse ratio {cmp.rmse_ratio:.3g})"

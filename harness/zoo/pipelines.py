@@ -6,7 +6,8 @@ wherever the pipeline runs. Images come back as tensors (`output_type="pt"`)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -211,8 +212,41 @@ SPECS = {p.name: p for p in PIPELINE_SPECS}
 
 
 def call_pipeline(pipe: Any, inputs: dict[str, Any], seed: int = 0) -> Any:
-    """Run a pipeline with a fresh CPU generator (same noise on any device the pipeline was moved to)."""
-    return pipe(**inputs, generator=torch.Generator("cpu").manual_seed(seed))
+    """Run a pipeline with a fresh CPU generator (same noise on any device the pipeline was moved to), every
+    draw made in float32 (`float32_draws`), so the float32 baseline, the float64 reference and the backend
+    runs all get the same initial latents and the same per-step noise."""
+    with float32_draws():
+        return pipe(**inputs, generator=torch.Generator("cpu").manual_seed(seed))
+
+
+@contextlib.contextmanager
+def float32_draws() -> Iterator[None]:
+    """Diffusers' `randn_tensor` draws in the run's dtype, and PyTorch's CPU generator consumes 64-bit draws
+    for float64 but 32-bit ones for float32: a float64 pipeline would get other noise than the float32
+    baseline, and a float64 reference would compare nothing. Within this block every `randn_tensor` (the
+    initial latents and the schedulers' step noise alike) draws in float32 and casts to the dtype asked for.
+    Passing `latents=` would cover only the initial latents, and not every pipeline accepts it (DDPMPipeline).
+    The function is replaced where the pipeline and scheduler modules imported it by name."""
+    import sys
+
+    from diffusers.utils import torch_utils
+
+    original = torch_utils.randn_tensor
+
+    def randn_tensor(shape, generator=None, device=None, dtype=None, layout=None):
+        if dtype is None or dtype == torch.float32 or not dtype.is_floating_point:
+            return original(shape, generator=generator, device=device, dtype=dtype, layout=layout)
+        return original(shape, generator=generator, device=device, dtype=torch.float32, layout=layout).to(dtype)
+
+    patched = [m for name, m in list(sys.modules.items())
+               if name.startswith("diffusers") and getattr(m, "randn_tensor", None) is original]
+    for m in patched:
+        m.randn_tensor = randn_tensor
+    try:
+        yield
+    finally:
+        for m in patched:
+            m.randn_tensor = original
 
 
 def build_pipeline(entry: ZooEntry, seed: int = 0) -> BuiltEntry:

@@ -97,7 +97,23 @@ def finish(entry: ZooEntry, model: torch.nn.Module, config: Any, seed: int, n: i
         raise
     except Exception as exc:
         raise ZooBuildError(f"{type(exc).__name__}: {exc}", category="missing_input", stage="inputs") from exc
+    if entry.task in DENSE_BEFORE_THRESHOLD and "output_hidden_states" in _forward_params(model):
+        # detections depend on thresholded scores (float32 noise flips some): the dense maps they are
+        # computed from are compared too (harness/sweep/numerics.py, data-dependent outputs)
+        inputs = {**inputs, "output_hidden_states": True}
     return BuiltEntry(model=model, inputs=inputs, entry=entry, num_parameters=n)
+
+
+DENSE_BEFORE_THRESHOLD = ("keypoint-detection",)
+
+
+def _forward_params(model: torch.nn.Module) -> set[str]:
+    import inspect
+
+    try:
+        return set(inspect.signature(model.forward).parameters)
+    except (TypeError, ValueError):
+        return set()
 
 
 def config_for_class(cls: type, config: Any) -> Any:

@@ -76,7 +76,7 @@ def test_yaml_overrides(tmp_path):
     t = tolerance_for("transformers/foo/FooModel", "highest", "float32", ov)
     assert t.tol == 0.5 and t.cosine
     assert tolerance_for("x/skip", "highest", "float32", ov).skip == "flaky"
-    assert tolerance_for("other", "medium", "float32", ov) == Tolerance(numerics.TOLERANCES[("medium", "float32")])
+    assert tolerance_for("other", "medium", "float32", ov) == tolerance_for("other", "medium", "float32")
 
 
 @pytest.mark.parametrize("text", ["entries: [1, 2]", "entries:\n  a:\n    tolerance: 1\n", "entries: {a: ["])
