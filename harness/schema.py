@@ -29,7 +29,7 @@ STATUSES = (
 # Statuses that count against the backend ("crash-free" denominators leave these out).
 EXCLUDED_FROM_DENOMINATOR = ("baseline_fail", "not_available", "skipped")
 RUN_FAILURES = ("fail_to_run", "compile_fail", "timeout", "oom", "crash")
-MODES = ("eager", "compiled")
+MODES = ("eager", "fused", "compiled")  # fused: eager with TORCH_TPU_DEFER_AND_FUSE (hf_tpu/fused.py)
 
 # (column, type, description)
 COLUMNS: list[tuple[str, str, str]] = [
@@ -38,7 +38,7 @@ COLUMNS: list[tuple[str, str, str]] = [
     ("model_type", "str", "config model_type (or diffusers family)"),
     ("model_class", "str", "model class name"),
     ("task", "str", "task family, e.g. causal-lm, image-classification, diffusion"),
-    ("mode", "str", "eager | compiled"),
+    ("mode", "str", "eager | fused | compiled"),
     ("precision", "str", "float32 matmul precision on tpu: highest | high | medium"),
     ("dtype", "str", "model dtype: float32 | bfloat16"),
     ("status", "str", "one of STATUSES"),

@@ -8,6 +8,7 @@ row's control (harness/sweep/control.py): the parent merges it into that mode's 
 
 from __future__ import annotations
 
+import contextlib
 import math
 import statistics
 import time
@@ -186,7 +187,7 @@ def run_mode(mode: str, built, ref: dict, fp64: dict | None, opts: SweepOptions,
 
             torch._dynamo.reset()  # `call` is shared by all entries: no guards or cache carried over
             fn = compile_call(built.call, model, device.compile_backend)
-        with torch.no_grad(), backend_phase():
+        with torch.no_grad(), backend_phase(), _eager_mode(mode, device):
             torch.manual_seed(opts.seed)
             phase = "first"
             t0 = time.perf_counter()
@@ -225,6 +226,15 @@ def run_mode(mode: str, built, ref: dict, fp64: dict | None, opts: SweepOptions,
     row["graph_breaks"] = stats.get("graph_breaks")
     row["fallback_ops"] = ";".join(f"{k}:{v}" for k, v in sorted((stats.get("fallback_ops") or {}).items()))
     return row
+
+
+def _eager_mode(mode: str, device: Device):
+    """Fused mode: hf_tpu's deferred-and-fused eager mode around the runs (Strict eager otherwise)."""
+    if mode == "fused" and device.name == "tpu":
+        import hf_tpu
+
+        return hf_tpu.defer_and_fuse()
+    return contextlib.nullcontext()
 
 
 def run_canary(mode: str, built, ref: dict, fp64: dict | None, clean: dict, opts: SweepOptions, device: Device,

@@ -46,7 +46,7 @@ class Outcome:
     death: Death | None = None
 
 
-BACKEND_PHASES = ("eager", "compiled")
+BACKEND_PHASES = ("eager", "fused", "compiled")
 CONTROL_PHASE = "control"  # after a failing row: its control run (harness/sweep/control.py)
 
 
