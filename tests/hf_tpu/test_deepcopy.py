@@ -117,7 +117,6 @@ def test_module_copy_matches_cpu_and_keeps_ties(highest: None) -> None:
     torch.manual_seed(0)
     cpu_model = _Tied().eval()
     tpu_model = copy.deepcopy(cpu_model).to("tpu")
-    tpu_model.head.weight = tpu_model.emb.weight  # (.to("tpu") unties weights: a separate matter)
     cpu_copy, tpu_copy = copy.deepcopy(cpu_model), copy.deepcopy(tpu_model)
     assert tpu_copy.head.weight is tpu_copy.emb.weight
     assert all(t.device.type == "tpu" for t in [*tpu_copy.parameters(), *tpu_copy.buffers()])
@@ -148,3 +147,14 @@ def test_storage_clone_raises_a_clear_error() -> None:
     x = torch.ones(2, device="tpu")
     with pytest.raises(RuntimeError, match="copy the tensor instead"):
         x.untyped_storage().clone()
+
+
+def test_to_tpu_keeps_tied_parameters() -> None:
+    torch.manual_seed(0)
+    cpu = _Tied()
+    dev = copy.deepcopy(cpu).to("tpu")
+    assert dev.head.weight is dev.emb.weight  # as cpu.to("cuda") keeps it
+    ids = torch.tensor([[1, 2, 3]])
+    cpu(ids).sum().backward()
+    dev(ids.to("tpu")).sum().backward()
+    torch.testing.assert_close(dev.emb.weight.grad.cpu(), cpu.emb.weight.grad, rtol=2e-2, atol=2e-2)

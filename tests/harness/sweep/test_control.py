@@ -54,11 +54,12 @@ def test_a_worker_dying_in_the_control_keeps_the_row(cpu_opts) -> None:
 
 def test_sweep_through_workers_writes_cause(tmp_path) -> None:
     from harness.sweep.options import SweepOptions
-    from harness.sweep.results import read_csv
+    from harness.sweep.results import check_writable, read_csv
     from harness.sweep.sweep import run_sweep
 
     opts = SweepOptions(zoo="test:compile,opaque,pass", device="cpu", out=str(tmp_path / "run"), run_id="t",
                         timeout=60, memory_cap_gb=2, progress="none", repeats=1, jobs=1)
+    check_writable(opts.out)  # as the CLI does before a run
     run_sweep(opts)
     df = read_csv(tmp_path / "run" / "results.csv").set_index(["entry_id", "mode"])
     assert df.loc[("test/compile", "compiled"), "cause"] == "backend"
