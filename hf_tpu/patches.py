@@ -19,7 +19,6 @@ right after the module's own code has run (or at once, if it is already imported
   torch                          Generator                           (patch "tpu_generator_error")
   torch                          Tensor.__deepcopy__                 (patch "tpu_deepcopy")
   torch                          _TorchCompileInductorWrapper        (patch "tpu_default_compile")
-  torch                          nn.Module._apply                    (patch "tpu_keep_tied_parameters")
 
 `applied()` lists the patches applied in this process; HF_TPU_NO_PATCHES=1 turns them all off (the tests
 use it to show each patch is needed).
@@ -32,7 +31,6 @@ import functools
 import importlib.util
 import os
 import sys
-import threading
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -576,53 +574,6 @@ def _graph_on_tpu(gm: Any, example_inputs: Any) -> bool:
     return any(t.device.type == "tpu" for t in tensors)
 
 
-# ------------------------------------------------------------------------------------------------ patch 7
-_apply_depth = threading.local()
-
-
-def _patch_module_ties() -> None:
-    """Upstream (PyTorch): `Module._apply` (behind `model.to("tpu")`) keeps a Parameter object only when
-    `torch._has_compatible_shallow_copy_type` holds for the old and new tensors, which C++ grants to
-    CPU/CUDA/XPU/... pairs but not to PrivateUse1; otherwise each module gets a new Parameter, so tied
-    weights (an LM head and its embeddings, BERT's `cls.predictions.bias` and `decoder.bias`) came out
-    untied on tpu: one copy got no gradient and training diverged from CPU. Fix: after the outermost
-    `_apply`, Parameters that were one object before are one object again (the first place's)."""
-    import torch
-
-    Module = torch.nn.Module
-    orig = Module._apply
-    if getattr(orig, "_hf_tpu_patched", False):
-        return
-
-    @functools.wraps(orig)
-    def _apply(self: Any, fn: Any, *args: Any, **kwargs: Any) -> Any:
-        if getattr(_apply_depth, "n", 0):
-            return orig(self, fn, *args, **kwargs)
-        places: dict[int, list[tuple[Any, str]]] = {}
-        for mod in self.modules():
-            for name, p in mod._parameters.items():
-                if p is not None:
-                    places.setdefault(id(p), []).append((mod, name))
-        ties = [v for v in places.values() if len(v) > 1]
-        _apply_depth.n = 1
-        try:
-            out = orig(self, fn, *args, **kwargs)
-        finally:
-            _apply_depth.n = 0
-        for (m0, n0), *rest in ties:
-            p = m0._parameters[n0]
-            if p is None or p.device.type != "tpu":
-                continue
-            for m, n in rest:
-                if m._parameters[n] is not p:
-                    m._parameters[n] = p
-        return out
-
-    _apply._hf_tpu_patched = True  # type: ignore[attr-defined]
-    Module._apply = _apply
-    _mark("tpu_keep_tied_parameters")
-
-
 # ------------------------------------------------------------------------------------------ the import hook
 _TARGETS: dict[str, list[Callable[[Any], None]]] = {
     "accelerate.utils.modeling": [_patch_accelerate_max_memory],
@@ -727,4 +678,3 @@ def install() -> None:
         _patch_torch_generator()
         _patch_tensor_deepcopy()
         _patch_default_compile()
-        _patch_module_ties()
