@@ -582,6 +582,8 @@ def _route(op: Any) -> Callable[[Any, tuple, dict], Any]:
     if special is not None:
         return lambda _op, args, kwargs: special(*args, **kwargs)
     kind = _kind(op)
+    if torch.Tag.inplace_view in op.tags:
+        return _inplace_view
     if kind == "functional":
         return _run_like_factory if _is_like_factory(op) else run_functional
     if kind == "view":
@@ -603,6 +605,19 @@ def dispatch(op: Any, args: tuple, kwargs: dict) -> Any:
     except KeyError:
         route = _routes[op] = _route(op)
     return route(op, args, kwargs)
+
+
+def _inplace_view(op: Any, args: tuple, kwargs: dict) -> Any:
+    """`transpose_`, `unsqueeze_`, `t_`, `as_strided_`, ...: the tensor itself becomes the view (sizes and
+    geometry); its values are not touched."""
+    func = _functional_of(op)
+    if func is None:
+        raise lowering.NoLowering(op, " (no functional view op to take it from)")
+    target = args[0]
+    # an overload packet (transpose_ has one overload, transpose several): the dispatcher picks the overload
+    view = func(*args, **kwargs) if isinstance(func, torch._ops.OpOverloadPacket) else dispatch(func, args, kwargs)
+    target.data = view  # shallow-copies sizes and StorageImpl in C++: the payload (buffer + geometry) follows
+    return target
 
 
 def _run_mutating(op: Any, args: tuple, kwargs: dict) -> Any:

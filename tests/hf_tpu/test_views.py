@@ -277,3 +277,23 @@ def test_degenerate_shapes(shape):
     t = c.to("tpu")
     for f in (lambda x: x.t(), lambda x: x[0], lambda x: x[:, :0], lambda x: x.expand(2, *shape)[1]):
         assert torch.equal(f(t).cpu(), f(c))
+
+
+@pytest.mark.parametrize("name,f", [
+    ("transpose_", lambda x: x.transpose_(0, 1)),
+    ("t_", lambda x: x.t_()),
+    ("unsqueeze_", lambda x: x.unsqueeze_(1)),
+    ("squeeze_", lambda x: x.unsqueeze_(0).squeeze_(0)),
+    ("as_strided_", lambda x: x.as_strided_((2, 3), (1, 4), 1)),
+])
+def test_inplace_view_ops_like_cpu(name, f):
+    c = torch.randn(4, 6)
+    t = c.to("tpu")
+    base_c, base_t = c, t
+    rc, rt = f(c), f(t)
+    assert rt is t and rt.shape == rc.shape
+    assert torch.equal(rt.cpu(), rc)
+    rc.mul_(3)
+    rt.mul_(3)
+    assert torch.equal(rt.cpu(), rc)
+    assert torch.equal(base_t.cpu(), base_c)
