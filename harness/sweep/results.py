@@ -148,9 +148,17 @@ def upgrade(df):
     if "schema_version" not in df.columns or not len(df):
         return df
     oldest = int(df["schema_version"].min())
+    import pandas as pd
+
+    kinds = {n: t for n, t, _ in COLUMNS}
     for c in absent_in(oldest):
-        if c not in df.columns:
-            df[c] = ""
+        if c not in df.columns:  # empty, in the column's own type (a float column is NaN, not "")
+            k = kinds.get(c, "str")
+            if k == "str":
+                df[c] = ""
+            else:
+                df[c] = pd.Series(math.nan if k == "float" else pd.NA, index=df.index,
+                                  dtype="float64" if k == "float" else "Int64")
     return df[[c for c in COLUMN_NAMES if c in df.columns] + [c for c in df.columns if c not in COLUMN_NAMES]]
 
 
