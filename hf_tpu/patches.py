@@ -251,14 +251,11 @@ def _patch_materialize_to_tpu(mod: Any) -> None:
     _mark("tpu_direct_materialize")
 
 
-_XLA_ALIGN = 64  # XLA:CPU adopts host memory only at this alignment; it copies anything else
-
-
 def _cpu_to_tpu(t: Any, adopt: bool) -> Any:
     """`t` as a tpu tensor; with `adopt`, the device array may share `t`'s memory (t must not be used again)."""
     from hf_tpu import tensor as T
 
-    if adopt and t.data_ptr() % _XLA_ALIGN:
+    if adopt and t.data_ptr() % T.XLA_ALIGN:
         # A checkpoint's tensors sit wherever its header ends (safetensors aligns to 8 bytes), so XLA would
         # copy this one out of the mapping now, pulling the file's pages into this process's RSS beside
         # the copy. Instead the tensor reads its bytes from the file (pread, into an aligned buffer XLA
@@ -323,14 +320,11 @@ def _mapped_range(t: Any) -> tuple[_OpenFile, int, int] | None:
 def _read_range(f: _OpenFile, pos: int, nbytes: int, dtype: Any, shape: tuple[int, ...]) -> Any:
     """The bytes [pos, pos + nbytes) of `f` as a device array of `dtype` and `shape`, read with pread into
     a 64-byte-aligned host buffer that XLA:CPU adopts (one copy of the data, outside the page cache)."""
-    import numpy as np
     import torch
 
     from hf_tpu import tensor as T
 
-    raw = np.empty(nbytes + _XLA_ALIGN, np.uint8)
-    start = -raw.ctypes.data % _XLA_ALIGN
-    buf = raw[start:start + nbytes]
+    buf = T.aligned_empty(nbytes)
     view = memoryview(buf)
     while view.nbytes:
         n = os.preadv(f.fd, [view], pos)
