@@ -6,7 +6,8 @@ For each model and round, one fresh process per device builds the model from its
 moves it with `.to(device)`, and runs the forward (no grad, no cache) once to warm up and then `--repeats`
 times. It reports the median steady-state forward time and the process's peak RSS (build, move and
 forwards included). Rounds alternate CPU and tpu so that a busy machine slows both alike; the printed
-ratios are the median over rounds, with their spread (min-max). Precision is "highest", so the tpu and
+ratios are the median over rounds, with their spread (min-max). The "paired" line times CPU, tpu (and
+fused) forwards alternately in one process, pair by pair, which is steadier on a shared machine. Precision is "highest", so the tpu and
 CPU do the same arithmetic. Targets (issue: the device at real size):
 
   GPT-2 124M (default GPT2Config, 1 x 64 tokens)        time tpu/CPU <= 1.5, peak RSS tpu/CPU <= 1.3
@@ -61,6 +62,52 @@ print(json.dumps({"first_s": times[0], "steady_s": statistics.median(times[1:]),
 """
 
 
+# Time ratios also come from one process that alternates a CPU forward and a tpu forward of the same model,
+# pair after pair: on a shared machine the load drifts over seconds, and a pair sees the same load, so the
+# median of per-pair ratios is steadier than a ratio of two processes' medians (which run at different times).
+PAIRED = r"""
+import copy, json, os, statistics, sys, time
+import torch, transformers
+torch.set_float32_matmul_precision("highest")
+cfg_name, cls_name, kwargs, seq, repeats, threads, fused = json.loads(sys.argv[1])
+if threads:
+    torch.set_num_threads(threads)
+torch.manual_seed(0)
+cpu = getattr(transformers, cls_name)(getattr(transformers, cfg_name)(**kwargs)).eval()
+import hf_tpu
+tpu = copy.deepcopy(cpu).to("tpu")
+ids = torch.randint(0, cpu.config.vocab_size, (1, seq))
+ids_t = ids.to("tpu")
+ratios, fratios = [], []
+def fwd(m, x):
+    t = time.perf_counter()
+    m(x, use_cache=False).logits.cpu()
+    return time.perf_counter() - t
+with torch.no_grad():
+    for i in range(repeats + 2):
+        c, t = fwd(cpu, ids), fwd(tpu, ids_t)
+        if fused:
+            with hf_tpu.defer_and_fuse():
+                f = fwd(tpu, ids_t)
+        if i >= 2:  # the first two: compiles and plans
+            ratios.append(t / c)
+            if fused:
+                fratios.append((t / f, f / c))
+print(json.dumps({"tpu_cpu": statistics.median(ratios),
+                  "strict_fused": statistics.median(r[0] for r in fratios) if fused else None,
+                  "fused_cpu": statistics.median(r[1] for r in fratios) if fused else None}))
+"""
+
+
+def run_paired(model: str, repeats: int, threads: int, fused: bool) -> dict[str, float]:
+    cfg, cls, kwargs, seq = MODELS[model]
+    r = subprocess.run([sys.executable, "-c", PAIRED, json.dumps([cfg, cls, kwargs, seq, repeats, threads, fused])],
+                       capture_output=True, text=True, env={**os.environ, "TORCH_TPU_DEFER_AND_FUSE": "0"})
+    if r.returncode:
+        raise SystemExit(f"{model} paired run failed:\n{r.stderr[-3000:]}")
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
 def run_one(model: str, device: str, repeats: int, threads: int) -> dict[str, float]:
     """device: cpu, tpu (Strict eager) or tpu-fused."""
     cfg, cls, kwargs, seq = MODELS[model]
@@ -91,11 +138,13 @@ def main() -> None:
     for model in args.models.split(","):
         t_ratio, m_ratio, cpu_s, tpu_s, cpu_gb, tpu_gb = [], [], [], [], [], []
         fused_rows: list[tuple[float, float, float, float]] = []
+        paired: list[dict[str, float]] = []
         for _ in range(args.rounds):
+            paired.append(run_paired(model, max(args.repeats, 10), args.threads, args.fused))
             c = run_one(model, "cpu", args.repeats, args.threads)
             t = run_one(model, "tpu", args.repeats, args.threads)
-            cpu_s.append(c["steady_s"])
-            tpu_s.append(t["steady_s"])
+            cpu_s.append(c["steady_s"] * 1e3)
+            tpu_s.append(t["steady_s"] * 1e3)
             cpu_gb.append(c["peak_rss_gb"])
             tpu_gb.append(t["peak_rss_gb"])
             t_ratio.append(t["steady_s"] / c["steady_s"])
@@ -104,7 +153,10 @@ def main() -> None:
                 f = run_one(model, "tpu-fused", args.repeats, args.threads)
                 fused_rows.append((t["steady_s"] / f["steady_s"], t["first_s"] / f["first_s"],
                                    f["steady_s"] / c["steady_s"], f["peak_rss_gb"] / t["peak_rss_gb"]))
-        print(f"{model:11s} forward s  cpu {spread(cpu_s)}  tpu {spread(tpu_s)}  tpu/cpu {spread(t_ratio)}")
+        print(f"{model:11s} forward ms cpu {spread(cpu_s)}  tpu {spread(tpu_s)}  tpu/cpu {spread(t_ratio)}")
+        print(f"{'':11s} paired     tpu/cpu {spread([p['tpu_cpu'] for p in paired])}" + (
+              f"  strict/fused {spread([p['strict_fused'] for p in paired])}  fused/cpu "
+              f"{spread([p['fused_cpu'] for p in paired])}" if args.fused else "") + "  (alternating forwards, one process)")
         print(f"{'':11s} peak GB    cpu {spread(cpu_gb)}  tpu {spread(tpu_gb)}  tpu/cpu {spread(m_ratio)}",
               flush=True)
         if fused_rows:

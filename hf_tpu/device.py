@@ -152,21 +152,30 @@ _KEEP_COMPOSITE = {"_to_copy", "copy_", "to", "lift_fresh", "lift_fresh_copy", "
 
 
 def _register_direct_kernels() -> None:
-    """Give every op torchax lowers a PrivateUse1 kernel of its own (and its in-place and out= forms).
+    """Give every op we lower or decompose a PrivateUse1 kernel of its own (and its in-place and out= forms).
 
     Without one, composite kernels (CompositeExplicitAutograd, structured ops) run first and reach us as
     `empty` + `op.out`: two Python round trips per op instead of one. Done at first use, not at import,
     because it reads torchax's table (which imports JAX)."""
-    from hf_tpu import dispatch
+    from hf_tpu import decomposed, dispatch
     from hf_tpu.torchax_compat import load_op_table
 
     global _dispatch_module
     _dispatch_module = dispatch
-    lowerings, _ = load_op_table()
-    packets = {getattr(k, "overloadpacket", k) for k in lowerings if isinstance(k, (torch._ops.OpOverload,
-               torch._ops.OpOverloadPacket))}
-    names = {p.__name__ for p in packets}
-    names |= {n + "_" for n in names}
+    from torch._decomp import decomposition_table
+
+    lowerings, decomps = load_op_table()
+    # ops with a decomposition too: eager runs it as one traced program (decomposed.py), so a kernel of their
+    # own saves the composite's `empty` + `op.out` round trips there as well
+    def names_of(table: Any) -> set[str]:
+        packets = {getattr(k, "overloadpacket", k) for k in table
+                   if isinstance(k, (torch._ops.OpOverload, torch._ops.OpOverloadPacket))}
+        names = {p.__name__ for p in packets}
+        return names | {n + "_" for n in names}
+
+    lowered = names_of(lowerings)
+    decomposed_only = names_of([*decomps, *decomposition_table]) - lowered
+    names = lowered | decomposed_only
     seen: set[str] = set()
     for name in sorted(names):
         if name in _KEEP_COMPOSITE or name.rstrip("_") in _KEEP_COMPOSITE:
@@ -180,6 +189,8 @@ def _register_direct_kernels() -> None:
             if qual in seen or qual.split("::")[1] in PER_OP_KERNELS:
                 continue
             seen.add(qual)
+            if name in decomposed_only and not decomposed.traceable(op):
+                continue  # keeps its composite path, as before
             try:
                 if torch._C._dispatch_has_kernel_for_dispatch_key(qual, "CompositeImplicitAutograd"):
                     continue  # decomposes above autograd: a backend kernel would never run
@@ -189,6 +200,10 @@ def _register_direct_kernels() -> None:
                 _aten_lib.impl(op, functools.partial(kernel, op), "PrivateUse1")
             except RuntimeError:
                 continue  # a Python-only overload (e.g. aten::__and__.bool): nothing to dispatch
+    from hf_tpu import sdpa
+
+    _never_traced_by_dynamo(sdpa.kernel)
+    _aten_lib.impl(sdpa.OP, sdpa.kernel, "AutogradPrivateUse1")
 
 
 _dispatch_module: Any = None  # hf_tpu.dispatch, bound when the direct kernels are registered

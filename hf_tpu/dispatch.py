@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
-from hf_tpu import dtypes, fused, lowering, op_jit, precision
+from hf_tpu import decomposed, dtypes, fused, lowering, op_jit, precision
 from hf_tpu import tensor as T
 
 aten = torch.ops.aten
@@ -200,7 +200,7 @@ def _wrap_one(x: Any, dt: torch.dtype | None) -> torch.Tensor:
         if want != x.dtype:
             x = x.astype(want)
     if launch_blocking():
-        x.block_until_ready()
+        _block(x)
     return T.wrap(x, dt)
 
 
@@ -260,11 +260,11 @@ _SCALARS = (bool, int, float, str, type(None), torch.dtype, torch.device, torch.
 
 
 class _Plan:
-    # `fn`: the lowering the program was traced from. A plan is used only while lowering.find still returns
+    # `fn`: the lowering the program was traced from. A plan is used only while eager_lowering still returns
     # it, so a lowering replaced at run time (a test's fault injection, a user's override) is honoured.
     __slots__ = ("fn", "program", "promote_to", "out_dtype", "cast_to", "whole")
 
-    def __init__(self, fn: Callable[..., Any], program: Callable[[list[Any]], Any], promote_to: Any,
+    def __init__(self, fn: Callable[..., Any], program: Callable[..., Any], promote_to: Any,
                  out_dtype: torch.dtype, cast_to: Any) -> None:
         self.fn, self.program, self.promote_to, self.out_dtype, self.cast_to = (fn, program, promote_to,
                                                                                 out_dtype, cast_to)
@@ -277,7 +277,7 @@ class _Plan:
         def whole(arrays: list[Any]) -> Any:
             if promote_to is not None:
                 arrays = [a.astype(promote_to) for a in arrays]
-            res = program(arrays)
+            res = program(*arrays)
             return res if cast_to is None else res.astype(cast_to)
 
         return whole
@@ -328,14 +328,40 @@ def _signature(op: Any, args: tuple, kwargs: dict) -> tuple[tuple | None, list[A
     return tuple(key), arrays
 
 
+def eager_lowering(op: Any) -> Callable[..., Any] | None:
+    """The JAX function eager mode runs `op` with: its lowering, or else its decomposition traced as one
+    program (decomposed.py). Compiled mode decomposes in the graph instead (compile.py). `lowering.find` is
+    looked up on every call, so a lowering replaced at run time (the canary's fault) is honoured."""
+    fn = lowering.find(op)
+    return fn if fn is not None else _decomposed(op)
+
+
+@functools.cache
+def _decomposed(op: Any) -> Callable[..., Any] | None:
+    if not decomposed.traceable(op):
+        return None
+    dec = lowering.decomposition(op)
+    if dec is None and torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), "CompositeImplicitAutograd"):
+        dec = op.decompose  # a composite sent to us whole (sdpa.py): PyTorch's own decomposition
+    return None if dec is None else decomposed.as_lowering(op, dec)
+
+
+def _block(x: Any) -> None:
+    # TORCH_TPU_LAUNCH_BLOCKING: wait for the op. A tracer (inside a decomposition being traced) has nothing
+    # to wait for.
+    wait = getattr(x, "block_until_ready", None)
+    if wait is not None:
+        wait()
+
+
 def _run_plan(plan: _Plan, arrays: list[Any]) -> torch.Tensor:
     if plan.promote_to is not None:
         arrays = [a.astype(plan.promote_to) for a in arrays]
-    res = plan.program(arrays)
+    res = plan.program(*arrays)
     if plan.cast_to is not None:
         res = res.astype(plan.cast_to)
     if launch_blocking():
-        res.block_until_ready()
+        _block(res)
     return T.wrap(res, plan.out_dtype)
 
 
@@ -343,7 +369,7 @@ def run_functional(op: Any, args: tuple, kwargs: dict) -> Any:
     key, arrays = _signature(op, args, kwargs)
     if key is not None:
         plan = _plans.get(key)
-        if plan is not None and plan.fn is lowering.find(op):
+        if plan is not None and plan.fn is eager_lowering(op):
             if fused.ACTIVE:
                 try:
                     return T.wrap_pending(fused.defer(plan.whole, arrays, op, key), plan.out_dtype)
@@ -361,9 +387,9 @@ def run_functional(op: Any, args: tuple, kwargs: dict) -> Any:
 
 def _run_functional(op: Any, args: tuple, kwargs: dict) -> tuple[Any, _Plan | None]:
     """The general path: the result, and a Plan for repeating it when it is a single array from one program."""
-    fn = lowering.find(op)
+    fn = eager_lowering(op)
     if fn is None:
-        dec = lowering.decomposition(op)
+        dec = lowering.decomposition(op)  # a factory's, run as it is (decomposed.traceable)
         if dec is not None:
             return dec(*args, **kwargs), None
         if cpu_fallback_enabled():
@@ -490,13 +516,38 @@ def _geometry(op: Any, src: torch.Tensor, args: tuple, kwargs: dict) -> Any:
     return res
 
 
-def _generic_view(op: Any, args: tuple, kwargs: dict) -> torch.Tensor:
+# (op, source shape, source view, buffer size, arguments) -> (a list of views?, [(size, views.View)]). A
+# forward takes the same views every call; composing them again (bounds checks, folding) cost more than the
+# rest of the op.
+_view_results: dict[Any, tuple[bool, list[tuple[tuple[int, ...], Any]]]] = {}
+
+
+def _generic_view(op: Any, args: tuple, kwargs: dict) -> torch.Tensor | list[torch.Tensor]:
     """Any other view op: its meta kernel says where the view lands in the source's logical frame."""
     src = args[0]
-    g = _geometry(op, src, args[1:], kwargs)
-    if isinstance(g, list):
-        return [T.make_view(src, list(s), list(st), off) for s, st, off in g]
-    return T.make_view(src, list(g[0]), list(g[1]), g[2])
+    p = T.payload(src)
+    rest = args[1:]
+    try:
+        hash(rest)
+    except TypeError:  # lists (permute's dims, expand's sizes)
+        rest = op_jit.freeze(rest)
+    key = (op, src.shape, p.view, p.buf.numel, rest, tuple(kwargs.items()) if kwargs else ())
+    try:
+        hit = _view_results.get(key)
+    except TypeError:  # an unhashable argument: compose every time
+        key, hit = None, None
+    if hit is None:
+        g = _geometry(op, src, args[1:], kwargs)
+        many = isinstance(g, list)
+        hit = many, [(tuple(s), T.compose_view(src, s, st, off)) for s, st, off in (g if many else [g])]
+        if key is not None:
+            if len(_view_results) > 100_000:  # shapes that keep changing (a growing sequence): start over
+                _view_results.clear()
+            _view_results[key] = hit
+    many, made = hit
+    if not many:
+        return T.view_of(p.buf, made[0][0], src.dtype, made[0][1])
+    return [T.view_of(p.buf, size, src.dtype, view) for size, view in made]
 
 
 def _off_device_factory(op: Any, args: tuple, kwargs: dict) -> Any:

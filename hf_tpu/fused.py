@@ -104,13 +104,13 @@ _avals: dict[Any, Any] = {}
 
 def defer(fn: Callable[[list[Any]], Any], inputs: list[Any], op: Any, key: Any) -> Node:
     """A node for `fn(inputs)`; `key` (dispatch's plan key) plus input shapes decide its output's shape."""
-    from hf_tpu import runtime
-
-    jax = runtime.jax()
-    in_avals = tuple(x.aval if type(x) is Node else (tuple(x.shape), x.dtype) for x in inputs)
+    in_avals = tuple(x.aval if type(x) is Node else (x.shape, x.dtype) for x in inputs)
     akey = (key, in_avals)
     aval = _avals.get(akey)
     if aval is None:
+        from hf_tpu import runtime  # here, not per op: an import statement costs microseconds even when cached
+
+        jax = runtime.jax()
         structs = [jax.ShapeDtypeStruct(a.shape, a.dtype) if not isinstance(a, tuple) else
                    jax.ShapeDtypeStruct(*a) for a in in_avals]
         aval = _avals[akey] = jax.eval_shape(fn, structs)
@@ -182,7 +182,7 @@ def _run_graph(root: Node) -> None:
     _stats["graphs"] += 1
     _reasons[_op_name(current_op)] += 1
     try:
-        results = prog(externals)
+        results = prog(*externals)
     except Exception:
         _stats["fallbacks"] += 1
         results = _run_one_by_one(nodes, structure, externals, outputs)
@@ -196,7 +196,7 @@ def _run_graph(root: Node) -> None:
 
 
 def _program(structure: tuple, outputs: tuple) -> Callable[[list[Any]], Any]:
-    def run(externals: list[Any]) -> list[Any]:
+    def run(*externals: Any) -> list[Any]:  # positional: jax.jit's fast path flattens no list
         vals: list[Any] = []
         for fn, refs in structure:
             vals.append(fn([vals[r] if r >= 0 else externals[-1 - r] for r in refs]))

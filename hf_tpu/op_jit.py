@@ -56,9 +56,9 @@ def call(op: Any, fn: Callable[..., Any], args: tuple, kwargs: dict, precision: 
 
 
 def call_with_program(op: Any, fn: Callable[..., Any], args: tuple, kwargs: dict, precision: str,
-                      eligible: bool) -> tuple[Any, Callable[[list[Any]], Any] | None]:
-    """(fn(*args, **kwargs), the program that computed it from the list of array arguments, in order of
-    appearance, or None when it ran without one). Callers may call the program again directly for the
+                      eligible: bool) -> tuple[Any, Callable[..., Any] | None]:
+    """(fn(*args, **kwargs), the program that computed it from the array arguments (positional, in order
+    of appearance), or None when it ran without one). Callers may call the program again directly for the
     same op and static arguments (dispatch's fast path): jax.jit specialises it to new shapes itself."""
     if not eligible or op in _untraceable or not ENABLED:
         return _run_plain(fn, args, kwargs), None
@@ -89,10 +89,15 @@ def call_with_program(op: Any, fn: Callable[..., Any], args: tuple, kwargs: dict
     if prog is None:
         prog = _programs[key] = _build(fn, sk_args, sk_kwargs)
     try:
-        return prog(arrays), prog
-    except _tracer_errors():
+        return prog(*arrays), prog
+    except (*tracer_errors(), Untraceable):
         _untraceable.add(op)
         return _run_plain(fn, args, kwargs), None
+
+
+class Untraceable(Exception):
+    """Raised by a function while being traced when it must not become a cached program (it draws random
+    numbers): the op then runs plainly, like one whose trace hit a tracer error."""
 
 
 def _run_plain(fn: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
@@ -121,7 +126,9 @@ def _build(fn: Callable[..., Any], sk_args: tuple, sk_kwargs: tuple) -> Callable
                 return x[0](fill(v, it) for v in x[1])
         return x
 
-    def program(arrays: list[Any]) -> Any:
+    # Positional arrays, not one list: jax.jit's C++ fast path takes positional arrays ~7 us faster per
+    # call than a list it must flatten as a pytree (9 vs 16 us for a small add, measured here).
+    def program(*arrays: Any) -> Any:
         it = iter(arrays)
         a = [fill(x, it) for x in sk_args]
         k = {name: fill(v, it) for name, v in sk_kwargs}
@@ -131,7 +138,7 @@ def _build(fn: Callable[..., Any], sk_args: tuple, sk_kwargs: tuple) -> Callable
 
 
 @functools.cache
-def _tracer_errors() -> tuple[type[BaseException], ...]:
+def tracer_errors() -> tuple[type[BaseException], ...]:
     from hf_tpu import runtime
 
     errors = runtime.jax().errors

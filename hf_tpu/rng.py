@@ -28,6 +28,8 @@ class RngEnv:
     def get_and_rotate_prng_key(self, generator: torch.Generator | None = None) -> Any:
         from hf_tpu import runtime
 
+        global _draws
+        _draws += 1
         jax = runtime.jax()
         if generator is not None:
             if generator.device.type != "cpu":
@@ -43,3 +45,22 @@ class RngEnv:
 
 
 ENV = RngEnv()
+_draws = 0
+
+
+def get_state() -> Any:
+    """The key as it is (None before the first draw): a trace that drew from it puts it back (decomposed.py)."""
+    return getattr(_state, "key", None)
+
+
+def set_state(key: Any) -> None:
+    if key is None:
+        if hasattr(_state, "key"):
+            del _state.key
+    else:
+        _state.key = key
+
+
+def draws() -> int:
+    """How many keys have been drawn so far (decomposed.py: did tracing a function draw random numbers?)."""
+    return _draws

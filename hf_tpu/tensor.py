@@ -231,10 +231,19 @@ def replace(t: torch.Tensor, new: Any) -> None:
 def make_view(src: torch.Tensor, size: list[int], stride: list[int], offset: int) -> torch.Tensor:
     """A new tensor that aliases src's buffer as `src.as_strided(size, stride, offset)` in src's logical
     (row-major) frame."""
+    return view_of(payload(src).buf, size, src.dtype, compose_view(src, size, stride, offset))
+
+
+def compose_view(src: torch.Tensor, size: Any, stride: Any, offset: int) -> views.View | None:
+    """The geometry, over src's buffer, of `src.as_strided(size, stride, offset)` (see make_view)."""
     p = payload(src)
-    view = views.compose(p.view, src.numel(), p.buf.numel, size, stride, offset)
-    out = _create(size, src.dtype)
-    out.untyped_storage()._hf_tpu = Payload(p.buf, view)
+    return views.compose(p.view, src.numel(), p.buf.numel, size, stride, offset)
+
+
+def view_of(buf: Buffer, size: Any, dtype: torch.dtype, view: views.View | None) -> torch.Tensor:
+    """A new tensor of `size` reading `view` of `buf` (a geometry from compose_view, or None: all of it)."""
+    out = _create(size, dtype)
+    out.untyped_storage()._hf_tpu = Payload(buf, view)
     return out
 
 
