@@ -30,6 +30,9 @@ STATUSES = (
 EXCLUDED_FROM_DENOMINATOR = ("baseline_fail", "not_available", "skipped")
 RUN_FAILURES = ("fail_to_run", "compile_fail", "timeout", "oom", "crash")
 MODES = ("eager", "fused", "compiled")  # fused: eager with TORCH_TPU_DEFER_AND_FUSE (hf_tpu/fused.py)
+# What a sweep runs unless --modes says otherwise (the nightly's). The others are opt-in: their expected
+# results are compared only in runs that swept them (harness/ci/compare.py).
+DEFAULT_MODES = ("eager", "compiled")
 
 # (column, type, description)
 COLUMNS: list[tuple[str, str, str]] = [

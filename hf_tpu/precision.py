@@ -43,23 +43,29 @@ def install() -> None:
 
 
 _forced = threading.local()
+_forcing = 0  # forced() blocks open in any thread: while none is, current() skips the thread-local lookup
 
 
 @contextlib.contextmanager
 def forced(value: str) -> Iterator[None]:
     """Use `value` while tracing a compiled program (its precision is part of the program's cache key)."""
+    global _forcing
     old = getattr(_forced, "value", None)
     _forced.value = value
+    _forcing += 1
     try:
         yield
     finally:
+        _forcing -= 1
         _forced.value = old
 
 
 def current() -> str:
-    f = getattr(_forced, "value", None)
-    if f is not None:
-        return f
+    # runs on every eager op: the thread-local lookup (about a microsecond) only while some forced() is open
+    if _forcing:
+        f = getattr(_forced, "value", None)
+        if f is not None:
+            return f
     if _explicit is not None:
         return _explicit
     return _env_default()

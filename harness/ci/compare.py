@@ -95,9 +95,10 @@ def compare(run: Run, expected: Expected) -> Comparison:
     """Classify every (entry, mode) in the union of the run and the expected results."""
     rows: dict[tuple[str, str], dict] = {}
     actual = run.df.set_index(list(schema.KEY))
-    keys = set(actual.index) | set(expected.status)
-    # Expected entries in a mode the run never swept are still MISSING: a nightly that lost its compiled
-    # shard must not pass.
+    swept = set(run.df["mode"])
+    # Expected entries in a default mode the run never swept are still MISSING: a nightly that lost its
+    # compiled shard must not pass. An opt-in mode (fused) is compared only in runs that swept it.
+    keys = set(actual.index) | {k for k in expected.status if k[1] in schema.DEFAULT_MODES or k[1] in swept}
     for key in keys:
         entry_id, mode = key
         exp = expected.status.get(key)

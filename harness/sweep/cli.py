@@ -19,7 +19,7 @@ DTYPES = ("float32", "bfloat16")
 def add_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("what to run")
     g.add_argument("--zoo", default=None, help="smoke (default) | full | a models-list CSV | test[:NAMES] (the harness's own test entries)")
-    g.add_argument("--modes", default=None, help="comma-separated among eager,compiled (default both)")
+    g.add_argument("--modes", default=None, help="comma-separated among eager,fused,compiled (default eager,compiled)")
     g.add_argument("--precision", default=None, choices=PRECISIONS, help="float32 matmul precision on tpu (default highest)")
     g.add_argument("--dtype", default=None, choices=DTYPES, help="model dtype (default float32)")
     g.add_argument("--baseline", default=None, choices=("cpu", "cuda"), help="baseline device (cuda when present)")

@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 from dataclasses import asdict, dataclass, field
 
+from harness import schema
+
 # Options that fix WHICH rows a run produces; `--resume` refuses to change them.
 SELECTION_FIELDS = ("zoo", "modes", "precision", "dtype", "baseline", "device", "library", "task", "match",
                     "shard", "seed", "hub_layers", "limit")
@@ -23,7 +25,7 @@ def default_memory_cap_gb(jobs: int) -> float:
 @dataclass
 class SweepOptions:
     zoo: str = "smoke"
-    modes: tuple[str, ...] = ("eager", "compiled")
+    modes: tuple[str, ...] = schema.DEFAULT_MODES
     precision: str = "highest"
     dtype: str = "float32"
     baseline: str = "cpu"

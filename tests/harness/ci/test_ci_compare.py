@@ -253,3 +253,22 @@ def test_unknown_option_is_status_2(tmp_path: Path) -> None:
     with pytest.raises(SystemExit) as exc:
         main(["compare", str(tmp_path), "--bogus"])
     assert exc.value.code == 2
+
+
+def test_an_opt_in_mode_is_compared_only_in_runs_that_swept_it(tmp_path: Path) -> None:
+    base = {("m/a", "eager"): "pass", ("m/a", "compiled"): "pass", ("m/a", "fused"): "pass"}
+    exp = tmp_path / "expected"
+    assert main(["accept", str(_run(tmp_path, "base", base)), "--expected", str(exp)]) == 0
+    assert (exp / "fused.csv").exists()
+    # the nightly's default modes only: fused's expected rows are not MISSING
+    nightly = _run(tmp_path, "nightly", {("m/a", "eager"): "pass", ("m/a", "compiled"): "pass"})
+    assert main(["compare", str(nightly), "--expected", str(exp)]) == 0
+    assert ("m/a", "fused") not in _classes(nightly)
+    # a run that swept fused is held to it
+    fused = _run(tmp_path, "fused", {("m/b", "fused"): "pass", **{k: v for k, v in base.items() if k[1] != "fused"}})
+    assert main(["compare", str(fused), "--expected", str(exp)]) == 1
+    assert _classes(fused)[("m/a", "fused")] == "MISSING"
+    # a default mode the run never swept is still MISSING (a nightly that lost its compiled rows fails)
+    eager_only = _run(tmp_path, "eager_only", {("m/a", "eager"): "pass"})
+    assert main(["compare", str(eager_only), "--expected", str(exp)]) == 1
+    assert _classes(eager_only)[("m/a", "compiled")] == "MISSING"
