@@ -688,7 +688,7 @@ def _run_mutating(op: Any, args: tuple, kwargs: dict) -> Any:
         res = run_functional(func, args, kwargs)
         if fused.ACTIVE and isinstance(res, torch.Tensor) and T.adopt_pending(target, res):
             return target
-        T.assign(target, T.value(res) if isinstance(res, torch.Tensor) and res.device.type == "tpu" else res)
+        T.assign(target, T.value(res) if isinstance(res, torch.Tensor) and not res.is_cpu else res)
         return target
     # out=: compute functionally, then store (resizing outputs of the wrong shape, as PyTorch does)
     kwargs = dict(kwargs)

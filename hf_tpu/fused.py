@@ -48,7 +48,8 @@ current_op: Any = None  # the op being dispatched: names what made a graph run
 
 class Node:
     """One deferred op: `fn(list of input arrays) -> array`, its inputs (arrays or Nodes) and its result's
-    abstract value. Called (as its Buffer's loader), it runs its pending graph and returns its array."""
+    abstract value as (shape, dtype). Called (as its Buffer's loader), it runs its pending graph and returns
+    its array."""
 
     __slots__ = ("fn", "inputs", "aval", "op", "buf_ref", "value", "size", "__weakref__")
 
@@ -107,13 +108,13 @@ def defer(fn: Callable[[list[Any]], Any], inputs: list[Any], op: Any, key: Any) 
     in_avals = tuple(x.aval if type(x) is Node else (x.shape, x.dtype) for x in inputs)
     akey = (key, in_avals)
     aval = _avals.get(akey)
-    if aval is None:
-        from hf_tpu import runtime  # here, not per op: an import statement costs microseconds even when cached
+    if aval is None:  # imported here, not per op: an import statement costs microseconds even when cached
+        from hf_tpu import runtime
 
         jax = runtime.jax()
-        structs = [jax.ShapeDtypeStruct(a.shape, a.dtype) if not isinstance(a, tuple) else
-                   jax.ShapeDtypeStruct(*a) for a in in_avals]
-        aval = _avals[akey] = jax.eval_shape(fn, structs)
+        out = jax.eval_shape(fn, [jax.ShapeDtypeStruct(*a) for a in in_avals])
+        # a plain (shape, dtype) tuple: JAX's abstract values hash and compare in Python, slowly, per op
+        aval = _avals[akey] = (tuple(out.shape), out.dtype)
     # the longest chain of pending nodes below this one (a sum would count shared inputs again and again)
     size = 1 + max((x.size for x in inputs if type(x) is Node and x.value is None), default=0)
     node = Node(fn, inputs, aval, op, size)

@@ -95,7 +95,7 @@ def wrap(array: Any, dtype: torch.dtype | None = None) -> torch.Tensor:
 
 def wrap_pending(node: Any, dtype: torch.dtype) -> torch.Tensor:
     """A new tpu tensor whose array a pending fused.Node makes when something reads it."""
-    shape = tuple(node.aval.shape)
+    shape = node.aval[0]
     t = _create(shape, dtype)
     buf = Buffer(loader=node, shape=shape)
     fused.attach(node, buf)
@@ -186,24 +186,51 @@ def apply_operand(array: Any, key: tuple) -> Any:
 
 def assign(t: torch.Tensor, new: Any) -> None:
     """Write `new` (broadcast and cast to t's shape and dtype) into t, and so into every alias of it."""
-    jnp = _jnp()
     shape = tuple(t.shape)
-    new = jnp.asarray(new)
     want = dtypes.to_jax(t.dtype)
-    if new.dtype != want:
-        new = new.astype(want)
-    if new.shape != shape:
-        new = jnp.broadcast_to(new, shape)
+    if not _is_jax_array(new):  # a Python scalar, a numpy array
+        new = _jnp().asarray(new)
     p = payload(t)
     buf = p.buf
+    # the value as the write needs it: t's dtype, broadcast to t's shape, in the frame the write takes
+    frame = buf.shape if p.view is None and buf.numel == _numel(shape) else (
+        views.sizes(p.view) if p.view is not None else shape)
+    if new.dtype != want or new.shape != frame:
+        new = _conform(new, shape, want, frame)
     if p.view is None and buf.numel == new.size:
-        buf.array = new.reshape(buf.shape) if buf.shape != shape else new
+        buf.array = new
     elif p.view is None:  # a C++ alias of another size over the whole buffer (rare): write its prefix
         flat = buf.array.reshape(-1)
         buf.array = flat.at[: new.size].set(new.reshape(-1)).reshape(buf.shape)
     else:
-        buf.array = views.write_program(p.view)(buf.array, new.reshape(views.sizes(p.view)))
+        buf.array = views.write_program(p.view)(buf.array, new)
     buf.version += 1
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    n = 1
+    for s in shape:
+        n *= s
+    return n
+
+
+def _is_jax_array(x: Any) -> bool:
+    return hasattr(x, "aval") and hasattr(x, "dtype")  # a jax.Array or a tracer (ABC isinstance is slower)
+
+
+_conform_program: Any = None
+
+
+def _conform(new: Any, shape: tuple[int, ...], dtype: Any, frame: tuple[int, ...]) -> Any:
+    """new cast to dtype, broadcast to shape, reshaped to frame: one XLA call (three eager jnp ops were three)."""
+    global _conform_program
+    if _conform_program is None:
+        from hf_tpu import runtime
+
+        jax = runtime.jax()
+        _conform_program = jax.jit(lambda x, shape, dtype, frame: jax.numpy.broadcast_to(x.astype(dtype), shape)
+                                   .reshape(frame), static_argnums=(1, 2, 3))
+    return _conform_program(new, shape, dtype, frame)
 
 
 def adopt_pending(t: torch.Tensor, res: torch.Tensor) -> bool:
@@ -216,7 +243,7 @@ def adopt_pending(t: torch.Tensor, res: torch.Tensor) -> bool:
     if t.dtype != res.dtype or tuple(t.shape) != tuple(res.shape) or p.buf.numel != res.numel():
         return False
     buf = p.buf
-    buf._array, buf._loader, buf.shape = None, node, tuple(node.aval.shape)
+    buf._array, buf._loader, buf.shape = None, node, node.aval[0]
     fused.attach(node, buf)
     buf.version += 1
     return True
