@@ -16,7 +16,6 @@ Two kinds of decomposition must not become a program:
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -38,9 +37,9 @@ def traceable(op: Any) -> bool:
     return not any(a.name == "device" for a in op._schema.arguments)
 
 
-@functools.cache
 def as_lowering(op: Any, dec: Callable[..., Any]) -> Callable[..., Any]:
-    """A JAX function of arrays computing `dec` (a decomposition of `op` written in torch ops)."""
+    """A JAX function of arrays computing `dec` (a decomposition of `op` written in torch ops). A new
+    function object each call: op_jit keys programs by it (dispatch makes one per lowering table)."""
     from hf_tpu import runtime
     from hf_tpu.dispatch import TpuOpError
 

@@ -337,11 +337,13 @@ def eager_lowering(op: Any) -> Callable[..., Any] | None:
     program (decomposed.py). Compiled mode decomposes in the graph instead (compile.py). `lowering.find` is
     looked up on every call, so a lowering replaced at run time (the canary's fault) is honoured."""
     fn = lowering.find(op)
-    return fn if fn is not None else _decomposed(op)
+    # keyed by `lowering.find` too: a traced decomposition has its sub-ops' lowerings baked in, so a replaced
+    # lowering (the canary's fault in bmm) must give SDPA's decomposition a new program
+    return fn if fn is not None else _decomposed(op, lowering.find)
 
 
 @functools.cache
-def _decomposed(op: Any) -> Callable[..., Any] | None:
+def _decomposed(op: Any, find: Callable[[Any], Any]) -> Callable[..., Any] | None:
     if not decomposed.traceable(op):
         return None
     dec = lowering.decomposition(op)
