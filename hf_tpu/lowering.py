@@ -12,6 +12,9 @@ Hand-written lowerings (torchax 0.0.13 has none for these):
   _upsample_*2d_aa   -> jax.image.scale_and_translate (torchax's calls a JAX internal that changed)
   _grouped_mm        -> jax.lax.ragged_dot (MoE experts in compiled graphs; eager runs PyTorch's composite)
   _index_put_impl    -> torchax's index_put (autograd's backward of advanced indexing calls it)
+  view.dtype         -> lax.bitcast_convert_type (a copy, not an alias: writes through it do not reach the
+                        source, as with view_as_real; safetensors' get_tensor on tpu reads bytes as uint8
+                        and views them as the dtype)
   linalg_cholesky_ex -> jnp.linalg.cholesky plus a real `info` (torchax's is always 0, so a matrix that is
                         not positive definite passed `constraints.positive_definite` and gave NaN samples)
 """
@@ -95,6 +98,33 @@ def _index_put_impl(x: Any, indices: Any, values: Any, accumulate: bool = False,
     return find(aten.index_put.default)(x, indices, values, accumulate)
 
 
+def view_dtype(x: Any, dtype: torch.dtype) -> Any:
+    """`x.view(dtype)`: the same bytes read as `dtype`; a wider or narrower dtype scales the last dim, as in
+    PyTorch."""
+    from hf_tpu import runtime
+
+    jax = runtime.jax()
+    jnp = jax.numpy
+    want = jnp.dtype(dtypes.to_jax(dtype))
+    if x.dtype == want:
+        return x
+    if want == jnp.bool_:  # XLA does not bitcast to pred; PyTorch's bool is one byte
+        return view_dtype(x, torch.uint8) != 0
+    if x.dtype == jnp.bool_:
+        x = x.astype(jnp.uint8)
+    a, b = x.dtype.itemsize, want.itemsize
+    if a == b:
+        return jax.lax.bitcast_convert_type(x, want)
+    if x.ndim == 0 or (b > a and x.shape[-1] % (b // a)):
+        raise RuntimeError(f"self.size(-1) must be divisible by {b // a} to view {x.dtype} as {dtype} "
+                           f"(different element sizes), but got {x.shape[-1] if x.ndim else 'a 0-dim tensor'}")
+    if a > b:  # each element becomes a // b narrower ones, in a new last axis
+        out = jax.lax.bitcast_convert_type(x, want)
+        return out.reshape(*x.shape[:-1], x.shape[-1] * (a // b))
+    r = b // a
+    return jax.lax.bitcast_convert_type(x.reshape(*x.shape[:-1], x.shape[-1] // r, r), want)
+
+
 def _cholesky_ex(a: Any, upper: bool = False, check_errors: bool = False) -> Any:
     """(L, info) as torch.linalg.cholesky_ex: info is 0, or k when the leading k x k minor is the first that is
     not positive definite (LAPACK's potrf). XLA's Cholesky only fills L with NaN on failure, so info comes from
@@ -159,6 +189,7 @@ HAND_LOWERINGS: dict[Any, Callable[..., Any]] = {
     aten._grouped_mm.default: _grouped_mm,
     aten._index_put_impl.default: _index_put_impl,
     aten.linalg_cholesky_ex.default: _cholesky_ex,
+    aten.view.dtype: view_dtype,
     aten._fused_sdp_choice.default: lambda *a, **k: 0,
     aten.as_strided.default: _as_strided,
     aten.alias.default: lambda x: x,
