@@ -68,3 +68,14 @@ def test_gpt2_with_disk_offload_matches_cpu(highest: None) -> None:
         with torch.no_grad():
             got = new(ids.to("tpu")).last_hidden_state
     torch.testing.assert_close(got.cpu(), want, rtol=1e-3, atol=1e-3)
+
+
+def test_view_dtype_in_a_compiled_graph() -> None:
+    """Compiled graphs look the op up in the same table (torchax's `view` lowering would reshape by a dtype)."""
+    cpu = torch.randn(4, 8)
+
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return (x * 2).view(torch.int32) & 0xFFFF
+
+    got = torch.compile(f, backend="tpu")(cpu.to("tpu"))
+    torch.testing.assert_close(got.cpu(), f(cpu))
