@@ -617,6 +617,7 @@ SPECIAL: dict[Any, Callable[..., Any]] = {
     aten._copy_from.default: _copy_from,
     aten._copy_from_and_resize.default: _copy_from_and_resize,
     aten.view.default: _view,
+    aten.view.dtype: lambda src, dtype: T.wrap(lowering.view_dtype(T.value(src), dtype), dtype),  # a bitcast copy
     aten._unsafe_view.default: _view,
     aten._reshape_alias.default: lambda src, size, stride: _view(src, size),
     aten.alias.default: lambda src: T.make_view(src, list(src.shape), list(src.stride()), 0),

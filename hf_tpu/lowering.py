@@ -11,6 +11,12 @@ Hand-written lowerings (torchax 0.0.13 has none for these):
   zero               -> zeros_like (PyTorch's decomposition of zero_ calls zeros_like, which calls zero_)
   _upsample_*2d_aa   -> jax.image.scale_and_translate (torchax's calls a JAX internal that changed)
   _grouped_mm        -> jax.lax.ragged_dot (MoE experts in compiled graphs; eager runs PyTorch's composite)
+  _index_put_impl    -> torchax's index_put (autograd's backward of advanced indexing calls it)
+  view.dtype         -> lax.bitcast_convert_type (a copy, not an alias: writes through it do not reach the
+                        source, as with view_as_real; safetensors' get_tensor on tpu reads bytes as uint8
+                        and views them as the dtype)
+  linalg_cholesky_ex -> jnp.linalg.cholesky plus a real `info` (torchax's is always 0, so a matrix that is
+                        not positive definite passed `constraints.positive_definite` and gave NaN samples)
 """
 
 from __future__ import annotations
@@ -85,6 +91,70 @@ def _grouped_mm(a: Any, b: Any, offs: Any = None, bias: Any = None, out_dtype: t
     return out.astype(want)
 
 
+def _index_put_impl(x: Any, indices: Any, values: Any, accumulate: bool = False, unsafe: bool = False) -> Any:
+    """The functional form of `_index_put_impl_`, which the backward of `x[idx]` calls (accumulate=True, e.g.
+    GPT2ForSequenceClassification's pooled logits). It is index_put plus `unsafe`, which only skips PyTorch's
+    bounds checks, so torchax's index_put lowering is the whole job."""
+    return find(aten.index_put.default)(x, indices, values, accumulate)
+
+
+def view_dtype(x: Any, dtype: torch.dtype) -> Any:
+    """`x.view(dtype)`: the same bytes read as `dtype`; a wider or narrower dtype scales the last dim, as in
+    PyTorch."""
+    from hf_tpu import runtime
+
+    jax = runtime.jax()
+    jnp = jax.numpy
+    want = jnp.dtype(dtypes.to_jax(dtype))
+    if x.dtype == want:
+        return x
+    if want == jnp.bool_:  # XLA does not bitcast to pred; PyTorch's bool is one byte
+        return view_dtype(x, torch.uint8) != 0
+    if x.dtype == jnp.bool_:
+        x = x.astype(jnp.uint8)
+    a, b = x.dtype.itemsize, want.itemsize
+    if a == b:
+        return jax.lax.bitcast_convert_type(x, want)
+    if x.ndim == 0 or (b > a and x.shape[-1] % (b // a)):
+        raise RuntimeError(f"self.size(-1) must be divisible by {b // a} to view {x.dtype} as {dtype} "
+                           f"(different element sizes), but got {x.shape[-1] if x.ndim else 'a 0-dim tensor'}")
+    if a > b:  # each element becomes a // b narrower ones, in a new last axis
+        out = jax.lax.bitcast_convert_type(x, want)
+        return out.reshape(*x.shape[:-1], x.shape[-1] * (a // b))
+    r = b // a
+    return jax.lax.bitcast_convert_type(x.reshape(*x.shape[:-1], x.shape[-1] // r, r), want)
+
+
+def _cholesky_ex(a: Any, upper: bool = False, check_errors: bool = False) -> Any:
+    """(L, info) as torch.linalg.cholesky_ex: info is 0, or k when the leading k x k minor is the first that is
+    not positive definite (LAPACK's potrf). XLA's Cholesky only fills L with NaN on failure, so info comes from
+    the pivots of an unpivoted elimination (n rank-1 updates; hand-written because no JAX API reports it)."""
+    from hf_tpu import runtime
+
+    jax = runtime.jax()
+    jnp = jax.numpy
+    if check_errors:  # PyTorch raises LinAlgError on a bad info; that needs the value on the host
+        raise NotImplementedError("hf_tpu: linalg_cholesky_ex(check_errors=True) on tpu; use check_errors=False")
+    n = a.shape[-1]
+    lower = jnp.linalg.cholesky(a if not upper else jnp.swapaxes(a, -1, -2).conj())
+    idx = jnp.arange(n)
+
+    def step(k: Any, state: tuple[Any, Any]) -> tuple[Any, Any]:
+        m, info = state
+        d = m[..., k, k].real
+        bad = ~(d > 0)  # NaN pivots too
+        info = jnp.where((info == 0) & bad, k + 1, info)
+        col = m[..., :, k] / jnp.where(bad, 1, d)[..., None]
+        rest = (idx > k)[:, None] & (idx > k)[None, :]
+        return m - jnp.where(rest, col[..., :, None] * m[..., k, None, :], 0), info
+
+    _, info = jax.lax.fori_loop(0, n, step, (a, jnp.zeros(a.shape[:-2], jnp.int32)))
+    # rounding may let the pivots pass where XLA's factorisation did not: still a failure
+    finite = jnp.isfinite(lower).all(axis=(-2, -1))
+    info = jnp.where((info == 0) & ~finite, n, info).astype(jnp.int32)
+    return (jnp.swapaxes(lower, -1, -2).conj() if upper else lower), info
+
+
 def _upsample_aa(method: str) -> Callable[..., Any]:
     """_upsample_{bilinear,bicubic}2d_aa (antialiased resize) through jax.image.scale_and_translate, the public
     API: torchax 0.0.13's lowering calls a private JAX table whose entries are no longer callables ('tuple'
@@ -117,6 +187,9 @@ HAND_LOWERINGS: dict[Any, Callable[..., Any]] = {
     aten._upsample_bilinear2d_aa.default: _upsample_aa("linear"),
     aten._upsample_bicubic2d_aa.default: _upsample_aa("cubic"),
     aten._grouped_mm.default: _grouped_mm,
+    aten._index_put_impl.default: _index_put_impl,
+    aten.linalg_cholesky_ex.default: _cholesky_ex,
+    aten.view.dtype: view_dtype,
     aten._fused_sdp_choice.default: lambda *a, **k: 0,
     aten.as_strided.default: _as_strided,
     aten.alias.default: lambda x: x,

@@ -73,6 +73,13 @@ class CachedCall:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if torch.compiler.is_compiling():  # inside an outer compile: let Dynamo trace the ordinary callable
             return self.fallback(*args, **kwargs)
+        if torch._C._is_torch_function_mode_enabled():
+            # A torch-function mode is active, e.g. the DeviceContext that torch.set_default_device leaves on
+            # the stack even when set back to cpu. The mode is neither in the key nor in the saved guards, and
+            # the ahead-of-time compile under it gave GPT-2's static-cache decode step a graph specialised to
+            # other cache shapes (Transformers' test_generate_with_static_cache after
+            # test_can_load_with_global_device_set). The ordinary torch.compile path handles modes.
+            return self.fallback(*args, **kwargs)
         full = self.prefix + args
         sig = _signature(full, kwargs)
         compiled = self._fast(full, kwargs, sig)

@@ -183,3 +183,29 @@ def test_a_bert_test_from_the_shared_folder(tmp_path: Path) -> None:
     df = pd.read_csv(out / "upstream.csv")
     assert len(df) >= 2 and set(df["cpu"]) == {"passed"}
     assert set(df["tpu"]) == {"passed"}
+
+
+# Transformers tests that failed on tpu and were fixed in hf_tpu (issue #12), run as the nightly runs them:
+# one tpu session, in order (the static-cache test failed only after the global-device test had run).
+FIXED_ON_TPU = {
+    "gpt2": ["test_problem_types", "test_training_gradient_checkpointing", "test_resize_tokens_embeddings",
+             "test_disk_offload_safetensors", "test_can_load_with_global_device_set",
+             "test_generate_with_static_cache"],
+    "bert": ["test_resize_tokens_embeddings"],
+}
+
+
+@needs_shared
+@pytest.mark.slow  # a tpu session over seven Transformers tests: about two minutes
+@pytest.mark.parametrize("family", sorted(FIXED_ON_TPU))
+def test_fixed_transformers_tests_pass_on_tpu(tmp_path: Path, family: str) -> None:
+    pytest.importorskip("parameterized")
+    out = tmp_path / "out"
+    keyword = " or ".join(FIXED_ON_TPU[family])
+    assert main(["upstream-tests", "--transformers-src", str(SHARED), "--families", family, "--transformers-version",
+                 checkout.installed_version(), "-k", keyword, "--devices", "tpu", "--jobs", "1",
+                 "--out", str(out)]) == 0
+    tpu = table.outcomes(table.read_records(out / "tpu.jsonl"))
+    ran = {k.split("::")[-1]: v["outcome"] for k, v in tpu.items()}
+    for name in FIXED_ON_TPU[family]:
+        assert ran.get(name) == "passed", (name, ran.get(name))
