@@ -11,6 +11,7 @@ Hand-written lowerings (torchax 0.0.13 has none for these):
   zero               -> zeros_like (PyTorch's decomposition of zero_ calls zeros_like, which calls zero_)
   _upsample_*2d_aa   -> jax.image.scale_and_translate (torchax's calls a JAX internal that changed)
   _grouped_mm        -> jax.lax.ragged_dot (MoE experts in compiled graphs; eager runs PyTorch's composite)
+  eye, range, searchsorted, fused LSTM/GRU cells: lowering_ops.py
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from typing import Any
 import torch
 
 from hf_tpu import dtypes, precision
+from hf_tpu.lowering_ops import OP_LOWERINGS
 from hf_tpu.rng import ENV
 from hf_tpu.torchax_compat import load_op_table
 
@@ -123,6 +125,7 @@ HAND_LOWERINGS: dict[Any, Callable[..., Any]] = {
     aten.lift_fresh.default: lambda x: x,
     aten._to_copy.default: _to_copy,
     aten.zero.default: _zero,
+    **OP_LOWERINGS,
 }
 
 
