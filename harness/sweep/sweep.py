@@ -39,7 +39,8 @@ def run_sweep(opts: SweepOptions, entries: list | None = None, progress_stream=N
         entries = load_entries(opts)
     done = store.completed() if opts.resume else {}
     selected_ids = {e.id for e in entries}
-    done = {k: v for k, v in done.items() if k in selected_ids}
+    done = {k: v for k, v in done.items() if k in selected_ids
+            and not any(r.get("status") in opts.retry for r in v)}  # --retry: run those again
     todo = [e for e in entries if e.id not in done]
     meta = store.read_run() or {}
     meta.update({"run_id": opts.run_id, "schema_version": SCHEMA_VERSION, "selection": opts.selection(),
