@@ -101,6 +101,7 @@ def _timeouts(out: Path) -> list[str]:
 def phase_summary(out: Path) -> dict:
     """Seconds per phase summed over the entries (timings.jsonl), the entry seconds' median, p90 and max."""
     phases: dict[str, float] = {}
+    cpu_phases: dict[str, float] = {}
     totals: list[float] = []
     cpu = 0.0
     try:
@@ -115,10 +116,12 @@ def phase_summary(out: Path) -> dict:
                 cpu += v
             else:
                 phases[k] = phases.get(k, 0.0) + v
+        for k, v in rec.get("cpu_phases", {}).items():
+            cpu_phases[k] = cpu_phases.get(k, 0.0) + v
     if not totals:
         return {}
     totals.sort()
-    return {"phases": phases, "cpu_s": cpu, "entry_median_s": totals[len(totals) // 2],
+    return {"phases": phases, "cpu_phases": cpu_phases, "cpu_s": cpu, "entry_median_s": totals[len(totals) // 2],
             "entry_p90_s": totals[min(len(totals) - 1, int(0.9 * len(totals)))], "entry_max_s": totals[-1],
             "longest": [json.loads(x)["entry_id"] for x in sorted(lines, key=lambda x: -json.loads(x)["seconds"])[:5]]}
 
@@ -203,6 +206,11 @@ def main() -> int:
                 shares = ", ".join(f"{k} {v:.0f} s ({100 * v / tot:.0f}%)"
                                    for k, v in sorted(r["phases"].items(), key=lambda kv: -kv[1]))
                 print(f"  {'':18s} worker-seconds per phase: {shares}")
+                if r.get("cpu_phases"):
+                    tot = sum(r["cpu_phases"].values()) or 1.0
+                    shares = ", ".join(f"{k} {v:.0f} s ({100 * v / tot:.0f}%)"
+                                       for k, v in sorted(r["cpu_phases"].items(), key=lambda kv: -kv[1]))
+                    print(f"  {'':18s} worker CPU seconds per phase: {shares}")
                 if r.get("timeouts"):
                     print(f"  {'':18s} {r['timeouts']} entries timed out"
                           + (f"; run again in {r['retry_s']:.0f} s (not in the wall-clock above): "

@@ -61,7 +61,12 @@ def run_sweep(opts: SweepOptions, entries: list | None = None, progress_stream=N
             store.write_entry(entry.id, rows)
             took[entry.id] = seconds
             phases = getattr(executor, "phases", {}).pop(entry.id, {})
-            timing_log.write(json.dumps({"entry_id": entry.id, "seconds": round(seconds, 3), "phases": phases}) + "\n")
+            record = {"entry_id": entry.id, "seconds": round(seconds, 3), "phases": phases}
+            clock = getattr(executor, "clock", None)
+            cpu_phases = clock.cpu_phases.pop(entry.id, None) if clock is not None else None
+            if cpu_phases:
+                record["cpu_phases"] = cpu_phases
+            timing_log.write(json.dumps(record) + "\n")
             timing_log.flush()
             progress.entry_done(entry.id, rows, seconds)
 
