@@ -99,10 +99,18 @@ def _no_check(*_: Any, **__: Any) -> None:
 # Ops that lower differently inside a compiled graph than in eager. torch._assert_async (Gemma4 vision checks
 # its patch counts): an XLA program cannot raise on a value it computes, so the check is dropped from the
 # program, as XLA backends do; eager still runs it.
+# torch.compile's full-graph capture (the graph cache's aot_compile path) keeps `.item()` in the graph when the
+# value only feeds runtime asserts (Flaubert: `assert lengths.max().item() <= slen`): the value stays a 0-d
+# array inside the program, the comparisons on it are traced, and the assert on it is dropped as above.
 GRAPH_LOWERINGS: dict[Any, Callable[..., Any]] = {
     torch.ops.aten._assert_async.default: _no_check,
     torch.ops.aten._assert_async.msg: _no_check,
+    torch.ops.aten._assert_scalar.default: _no_check,
+    torch.ops.aten.sym_constrain_range.default: _no_check,
+    torch.ops.aten.sym_constrain_range_for_size.default: _no_check,
+    torch.ops.aten._local_scalar_dense.default: lambda x: x,
 }
+_SYMBOLIC_SCALARS = (torch.SymInt, torch.SymFloat, torch.SymBool, int, float, bool)
 
 
 def _lower_node_target(target: Any) -> Callable[..., Any]:
@@ -180,6 +188,8 @@ def _compiler(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable[.
     out_vals = torch.fx.node.map_arg(out_node.args[0], lambda a: a.meta.get("val", _NO_META))
     out_leaves = pytree.tree_leaves(out_vals)
     out_dtypes = [v.dtype if isinstance(v, torch.Tensor) else None for v in out_leaves]
+    # a scalar output (an `.item()` value the graph returns) comes back as a Python number, as Dynamo expects
+    out_scalar = [isinstance(v, _SYMBOLIC_SCALARS) for v in out_leaves]
     # each output goes to the device PyTorch traced it on, not the inputs' device: a graph may have no tpu
     # inputs at all (Qwen2-VL's vision position ids: torch.arange(h, device="tpu") from .tolist() values)
     out_on_tpu = [v.device.type != "cpu" if isinstance(v, torch.Tensor) else None for v in out_leaves]
@@ -215,8 +225,10 @@ def _compiler(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable[.
         leaves, spec = pytree.tree_flatten(out)
         res = []
         pad = [None] * (len(leaves) - len(out_dtypes))
-        for x, dt, tpu in zip(leaves, out_dtypes + pad, out_on_tpu + pad, strict=False):
-            if hasattr(x, "dtype") and hasattr(x, "shape"):
+        for x, dt, tpu, scalar in zip(leaves, out_dtypes + pad, out_on_tpu + pad, out_scalar + pad, strict=False):
+            if scalar and hasattr(x, "item"):
+                x = x.item()
+            elif hasattr(x, "dtype") and hasattr(x, "shape"):
                 dt = dt or dtypes.to_torch(x.dtype)
                 x = T.wrap(x, dt) if (on_tpu if tpu is None else tpu) else T.to_cpu(x, dt)
             res.append(x)
