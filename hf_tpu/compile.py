@@ -9,6 +9,7 @@ turns off Dynamo's automatic dynamic shapes, so `dynamic=None` behaves as `dynam
 from __future__ import annotations
 
 import functools
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -133,13 +134,65 @@ def _mutable(obj: Any) -> Any:
     return obj
 
 
+_AS_STRIDED = (torch.ops.aten.as_strided.default, torch.ops.aten.as_strided_copy.default)
+
+
+def _as_strided_on_storage(fn: Callable[..., Any], val: Any) -> Callable[..., Any]:
+    """as_strided indexes its input's storage, laid out by the input's traced strides and storage offset; a graph
+    value is a logical (row-major) array. Longformer's chunking takes overlapping windows of a permuted tensor:
+    read as if row-major, the windows held the wrong elements. The input is put back where its strides place it
+    in a flat storage first (a scatter), then the strided read is made from there."""
+    import numpy as np
+
+    shape, stride, off = tuple(val.shape), tuple(val.stride()), int(val.storage_offset())
+    contiguous = all(st == c for st, c, n in zip(stride, torch._prims_common.make_contiguous_strides_for(shape),
+                                                 shape, strict=True) if n > 1)
+    if (contiguous and off == 0) or math.prod(shape) == 0:
+        return fn
+    index = np.full(shape, off, dtype=np.int64)
+    for d, (n, st) in enumerate(zip(shape, stride, strict=True)):
+        index = index + (np.arange(n) * st).reshape((n,) + (1,) * (len(shape) - d - 1))
+    base, span = int(index.min()), int(index.max()) + 1
+    flat = index.reshape(-1) - base
+
+    def on_storage(x: Any, size: Any, strides: Any, storage_offset: int | None = None) -> Any:
+        jnp = T._jnp()
+        storage = jnp.zeros((span - base,), x.dtype).at[flat].set(x.reshape(-1))
+        # the offset is absolute in the storage (default: the input's own); the flat storage starts at `base`
+        start = (off if storage_offset is None else int(storage_offset)) - base
+        return fn(storage, size, strides, start)
+
+    return on_storage
+
+
+def _storage_base(node: torch.fx.Node) -> torch.fx.Node:
+    """The first node of the chain of views (slice, permute, view, ...) `node` is at the end of: the value
+    whose storage they all share (traced values keep their storage's identity), so that as_strided can read
+    elements outside the last view, as PyTorch does."""
+    from torch.multiprocessing.reductions import StorageWeakRef
+
+    ref = StorageWeakRef(node.meta["val"].untyped_storage())
+    while node.op == "call_function" and node.args and isinstance(node.args[0], torch.fx.Node):
+        parent = node.args[0].meta.get("val")
+        if not isinstance(parent, torch.Tensor) or StorageWeakRef(parent.untyped_storage()) != ref:
+            break
+        node = node.args[0]
+    return node
+
+
 def to_jax_function(gm: torch.fx.GraphModule) -> Callable[..., Any]:
     """A function over JAX arrays that computes `gm` (functional ATen) with our lowerings."""
     nodes = list(gm.graph.nodes)
     fns: dict[torch.fx.Node, Callable[..., Any]] = {}
+    strided_from: dict[torch.fx.Node, torch.fx.Node] = {}  # as_strided node -> the view chain's base node
     for n in nodes:
         if n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload):
             fns[n] = _lower_node_target(n.target)  # fail at compile time, naming the op
+            src = n.args[0] if n.args else None
+            if n.target in _AS_STRIDED and isinstance(src, torch.fx.Node) and isinstance(
+                    src.meta.get("val"), torch.Tensor):
+                strided_from[n] = base = _storage_base(src)
+                fns[n] = _as_strided_on_storage(fns[n], base.meta["val"])
 
     def run(*inputs: Any) -> Any:
         jnp = T._jnp()
@@ -153,6 +206,8 @@ def to_jax_function(gm: torch.fx.GraphModule) -> Callable[..., Any]:
                 env[n] = T.from_cpu(attr) if attr.device.type == "cpu" else T.value(attr)
             elif n.op == "call_function":
                 args, kwargs = _mutable(torch.fx.node.map_arg((n.args, n.kwargs), lambda a: env[a]))
+                if n in strided_from:
+                    args = (env[strided_from[n]], *args[1:])
                 if n in fns:
                     res = fns[n](*args, **kwargs)
                     val = n.meta.get("val")

@@ -186,3 +186,28 @@ def test_saved_graph_that_cannot_be_lowered_takes_the_ordinary_path(highest, mon
     for _ in range(2):
         torch.testing.assert_close(fn(x.to("tpu"), lengths.to("tpu")).cpu(), want)
     assert compile_cache.stats()["unsaveable"] == 1
+
+
+def _strided_of_transpose(a: torch.Tensor) -> torch.Tensor:
+    return a.transpose(0, 1).as_strided((3, 4), (1, 2), 1) * 1.0
+
+
+def _overlapping_chunks_of_permute(a: torch.Tensor) -> torch.Tensor:
+    # Longformer's _chunk: overlapping windows (as_strided) of a permuted tensor
+    return a.permute(1, 0, 2).as_strided((2, 3, 4, 3), (3, 12, 6, 1)) + 0
+
+
+def _strided_of_offset_view(a: torch.Tensor) -> torch.Tensor:
+    return a[1:].as_strided((2, 3), (1, 3), 5) * 1.0  # an absolute storage offset, past the view's own
+
+
+@pytest.mark.parametrize("fn, shape", [(_strided_of_transpose, (6, 4)), (_overlapping_chunks_of_permute, (8, 2, 3)),
+                                       (_strided_of_offset_view, (4, 6))])
+def test_as_strided_reads_its_input_storage_as_laid_out(fn, shape) -> None:
+    # LongformerForMultipleChoice compiled: as_strided of a non-contiguous graph value read the logical
+    # (row-major) array as if it were the storage, so the windows held other elements (rel rmse 1.6e-4)
+    a = torch.randn(shape)
+    want = fn(a)
+    torch._dynamo.reset()
+    got = torch.compile(fn, backend="tpu")(a.to("tpu"))
+    torch.testing.assert_close(got.cpu(), want, atol=0, rtol=0)
