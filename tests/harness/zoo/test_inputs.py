@@ -89,3 +89,8 @@ def test_masked_autoencoder_gets_its_mask_noise():
         with torch.no_grad():
             masks.append(model(**inputs).mask)
     assert torch.equal(masks[0], masks[1])
+
+
+def test_vibevoice_takes_its_acoustic_latents_without_noise():
+    # its sigma-VAE adds Gaussian noise drawn on the model's device by default: no other device draws the same
+    assert _inputs("vibevoice", "VibeVoiceForConditionalGeneration")["sample"] is False
