@@ -6,6 +6,14 @@ start-up included), timed wall-clock.
     HF_HUB_OFFLINE=1 python benchmarks/sweep_bench.py --zoo full --sample 160     # full-zoo projection
     HF_HUB_OFFLINE=1 python benchmarks/sweep_bench.py                    # smoke zoo, all configurations
     HF_HUB_OFFLINE=1 python benchmarks/sweep_bench.py --limit 10 --configs eager-j1,compiled-cold-j1
+    HF_HUB_OFFLINE=1 nice python benchmarks/sweep_bench.py --zoo full --shards 1,11,21,31/40 \
+        --work reports/tmp-bench --retry-timeouts                 # issue 13's fixed sample, cold then warm
+
+`--shards I,J,.../N` runs the union of those shards of the zoo as one sweep (the same entries as
+`hf-tpu sweep --shard I/N` for each I), with the same default configurations as --sample. `--retry-timeouts`
+re-runs, after each configuration, the entries that timed out (`hf-tpu sweep --resume --retry timeout`:
+on a loaded machine a timeout is the load's, not the entry's), timed apart from the configuration's wall-clock,
+so the results are complete. `--work DIR` keeps every output and cache there.
 
 `--sample N` runs a spread-out sample of at least N entries (shard 1 of len(zoo)//N of the id-sorted zoo,
 so every library and family is represented) with the both-cold-j2 and both-warm-j2 configurations, and
@@ -43,7 +51,8 @@ CONFIGS = {
 }
 
 
-def run_config(name: str, zoo: str, extra: list[str], work: Path, caches: dict[str, Path]) -> dict:
+def run_config(name: str, zoo: str, extra: list[str], work: Path, caches: dict[str, Path],
+               retry_timeouts: bool = False) -> dict:
     modes, jobs, cache = CONFIGS[name]
     if cache == "cold" or "current" not in caches:
         caches["current"] = Path(tempfile.mkdtemp(prefix="hf-tpu-cache-", dir=work))
@@ -62,16 +71,37 @@ def run_config(name: str, zoo: str, extra: list[str], work: Path, caches: dict[s
     if p.returncode != 0:
         return {"config": name, "error": p.stderr.strip().splitlines()[-1:] or ["?"], "wall_s": wall}
     meta = json.loads((out / "run.json").read_text())
+    timeouts = _timeouts(out)
+    retried = {"timeouts": len(timeouts), "timeouts_after_retry": len(timeouts), "retry_s": 0.0}
+    summary = phase_summary(out)  # before the retry appends to timings.jsonl
+    if retry_timeouts and timeouts:
+        t1 = time.monotonic()
+        subprocess.run([sys.executable, "-m", "harness", "sweep", "--resume", "--retry", "timeout", "--out", str(out),
+                        "--jobs", str(jobs), "--progress", "none"], cwd=REPO, env=env, capture_output=True, text=True)
+        retried.update(retry_s=time.monotonic() - t1, timeouts_after_retry=len(_timeouts(out)),
+                       retried_ids=timeouts)
+        meta = json.loads((out / "run.json").read_text())
     n = meta["entries"]
     h = meta["headline"]
     return {"config": name, "modes": modes, "jobs": jobs, "cache": cache, "entries": n, "wall_s": wall,
             "entries_per_min": 60.0 * n / wall, "crash_free": f"{h['crash_free']}/{h['counted']}",
-            "numerics_match": f"{h['passed']}/{h['ran']}", **phase_summary(out)}
+            "numerics_match": f"{h['passed']}/{h['ran']}", "out": str(out), **retried, **summary}
+
+
+def _timeouts(out: Path) -> list[str]:
+    import csv
+
+    try:
+        with open(out / "results.csv") as f:
+            return sorted({r["entry_id"] for r in csv.DictReader(f) if r["status"] == "timeout"})
+    except OSError:
+        return []
 
 
 def phase_summary(out: Path) -> dict:
     """Seconds per phase summed over the entries (timings.jsonl), the entry seconds' median, p90 and max."""
     phases: dict[str, float] = {}
+    cpu_phases: dict[str, float] = {}
     totals: list[float] = []
     cpu = 0.0
     try:
@@ -86,12 +116,28 @@ def phase_summary(out: Path) -> dict:
                 cpu += v
             else:
                 phases[k] = phases.get(k, 0.0) + v
+        for k, v in rec.get("cpu_phases", {}).items():
+            cpu_phases[k] = cpu_phases.get(k, 0.0) + v
     if not totals:
         return {}
     totals.sort()
-    return {"phases": phases, "cpu_s": cpu, "entry_median_s": totals[len(totals) // 2],
+    return {"phases": phases, "cpu_phases": cpu_phases, "cpu_s": cpu, "entry_median_s": totals[len(totals) // 2],
             "entry_p90_s": totals[min(len(totals) - 1, int(0.9 * len(totals)))], "entry_max_s": totals[-1],
             "longest": [json.loads(x)["entry_id"] for x in sorted(lines, key=lambda x: -json.loads(x)["seconds"])[:5]]}
+
+
+def shards_match(zoo: str, spec: str) -> str:
+    """A --match regex selecting exactly the entries of shards I,J,... of N (the sweep's own sharding)."""
+    import re
+
+    sys.path.insert(0, str(REPO))
+    from harness.sweep.entries import parse_shard, shard
+    from harness.zoo import load_zoo
+
+    which, _, n = spec.rpartition("/")
+    entries = list(load_zoo(zoo))
+    ids = sorted(e.id for i in which.split(",") for e in shard(entries, parse_shard(f"{i}/{n}")))
+    return "^(" + "|".join(re.escape(i) for i in ids) + ")$"
 
 
 def main() -> int:
@@ -102,12 +148,17 @@ def main() -> int:
     ap.add_argument("--shard", default=None, metavar="i/N", help="a spread-out sample: shard i of N of the zoo")
     ap.add_argument("--sample", type=int, default=None, metavar="N",
                     help="at least N entries spread over the zoo; default configs both-cold-j2,both-warm-j2")
+    ap.add_argument("--shards", default=None, metavar="I,J,.../N",
+                    help="the union of these shards of N as one sweep (e.g. 1,11,21,31/40: issue 13's sample)")
+    ap.add_argument("--retry-timeouts", action="store_true",
+                    help="after each configuration, run its timed-out entries again (timed apart)")
+    ap.add_argument("--work", default=None, help="keep outputs and caches in this directory")
     ap.add_argument("--configs", default=None, help="comma-separated among " + ", ".join(CONFIGS))
     ap.add_argument("--full-zoo-size", type=int, default=None, help="entries in the full zoo (default: counted)")
     ap.add_argument("--keep", action="store_true", help="keep the sweep outputs and caches")
     ap.add_argument("--json", default=None, help="also write the figures here")
     args = ap.parse_args()
-    default = "both-cold-j2,both-warm-j2" if args.sample else ",".join(
+    default = "both-cold-j2,both-warm-j2" if (args.sample or args.shards) else ",".join(
         c for c in CONFIGS if c not in ("both-cold-j2", "both-warm-nograph-j2"))
     names = [c.strip() for c in (args.configs or default).split(",") if c.strip()]
     unknown = [c for c in names if c not in CONFIGS]
@@ -126,14 +177,24 @@ def main() -> int:
         if not full:
             ap.error("--sample needs the full zoo's size (--full-zoo-size)")
         args.shard = f"1/{max(1, full // args.sample)}"
+    if args.shards:
+        if args.match or args.shard or args.sample:
+            ap.error("--shards cannot be combined with --match, --shard or --sample")
+        args.match = shards_match(args.zoo, args.shards)
     extra = (["--limit", str(args.limit)] if args.limit else []) + (["--match", args.match] if args.match else []) \
         + (["--shard", args.shard] if args.shard else [])
-    work = Path(tempfile.mkdtemp(prefix="sweep-bench-"))
+    if args.work:
+        work = Path(args.work).resolve()
+        work.mkdir(parents=True, exist_ok=True)
+        args.keep = True
+    else:
+        work = Path(tempfile.mkdtemp(prefix="sweep-bench-"))
     results, caches = [], {}
-    print(f"sweep benchmark: zoo {args.zoo} {' '.join(extra)}, "
+    shown = [x if len(x) < 80 else f"<{args.shards or 'regex'}>" for x in extra]
+    print(f"sweep benchmark: zoo {args.zoo} {' '.join(shown)}, "
           f"{os.cpu_count()} CPUs, outputs in {work}", flush=True)
     for name in names:
-        r = run_config(name, args.zoo, extra, work, caches)
+        r = run_config(name, args.zoo, extra, work, caches, args.retry_timeouts)
         results.append(r)
         if "error" in r:
             print(f"  {name:18s} FAILED after {r['wall_s']:.0f} s: {r['error'][0]}", flush=True)
@@ -145,6 +206,15 @@ def main() -> int:
                 shares = ", ".join(f"{k} {v:.0f} s ({100 * v / tot:.0f}%)"
                                    for k, v in sorted(r["phases"].items(), key=lambda kv: -kv[1]))
                 print(f"  {'':18s} worker-seconds per phase: {shares}")
+                if r.get("cpu_phases"):
+                    tot = sum(r["cpu_phases"].values()) or 1.0
+                    shares = ", ".join(f"{k} {v:.0f} s ({100 * v / tot:.0f}%)"
+                                       for k, v in sorted(r["cpu_phases"].items(), key=lambda kv: -kv[1]))
+                    print(f"  {'':18s} worker CPU seconds per phase: {shares}")
+                if r.get("timeouts"):
+                    print(f"  {'':18s} {r['timeouts']} entries timed out"
+                          + (f"; run again in {r['retry_s']:.0f} s (not in the wall-clock above): "
+                             f"{r['timeouts_after_retry']} still time out" if r.get("retried_ids") else ""))
                 print(f"  {'':18s} per entry: median {r['entry_median_s']:.1f} s, p90 {r['entry_p90_s']:.1f} s, "
                       f"max {r['entry_max_s']:.1f} s; longest {', '.join(r['longest'][:3])}", flush=True)
     ok = {r["config"]: r for r in results if "error" not in r}

@@ -9,6 +9,7 @@ turns off Dynamo's automatic dynamic shapes, so `dynamic=None` behaves as `dynam
 from __future__ import annotations
 
 import functools
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -99,10 +100,18 @@ def _no_check(*_: Any, **__: Any) -> None:
 # Ops that lower differently inside a compiled graph than in eager. torch._assert_async (Gemma4 vision checks
 # its patch counts): an XLA program cannot raise on a value it computes, so the check is dropped from the
 # program, as XLA backends do; eager still runs it.
+# torch.compile's full-graph capture (the graph cache's aot_compile path) keeps `.item()` in the graph when the
+# value only feeds runtime asserts (Flaubert: `assert lengths.max().item() <= slen`): the value stays a 0-d
+# array inside the program, the comparisons on it are traced, and the assert on it is dropped as above.
 GRAPH_LOWERINGS: dict[Any, Callable[..., Any]] = {
     torch.ops.aten._assert_async.default: _no_check,
     torch.ops.aten._assert_async.msg: _no_check,
+    torch.ops.aten._assert_scalar.default: _no_check,
+    torch.ops.aten.sym_constrain_range.default: _no_check,
+    torch.ops.aten.sym_constrain_range_for_size.default: _no_check,
+    torch.ops.aten._local_scalar_dense.default: lambda x: x,
 }
+_SYMBOLIC_SCALARS = (torch.SymInt, torch.SymFloat, torch.SymBool, int, float, bool)
 
 
 def _lower_node_target(target: Any) -> Callable[..., Any]:
@@ -125,13 +134,65 @@ def _mutable(obj: Any) -> Any:
     return obj
 
 
+_AS_STRIDED = (torch.ops.aten.as_strided.default, torch.ops.aten.as_strided_copy.default)
+
+
+def _as_strided_on_storage(fn: Callable[..., Any], val: Any) -> Callable[..., Any]:
+    """as_strided indexes its input's storage, laid out by the input's traced strides and storage offset; a graph
+    value is a logical (row-major) array. Longformer's chunking takes overlapping windows of a permuted tensor:
+    read as if row-major, the windows held the wrong elements. The input is put back where its strides place it
+    in a flat storage first (a scatter), then the strided read is made from there."""
+    import numpy as np
+
+    shape, stride, off = tuple(val.shape), tuple(val.stride()), int(val.storage_offset())
+    contiguous = all(st == c for st, c, n in zip(stride, torch._prims_common.make_contiguous_strides_for(shape),
+                                                 shape, strict=True) if n > 1)
+    if (contiguous and off == 0) or math.prod(shape) == 0:
+        return fn
+    index = np.full(shape, off, dtype=np.int64)
+    for d, (n, st) in enumerate(zip(shape, stride, strict=True)):
+        index = index + (np.arange(n) * st).reshape((n,) + (1,) * (len(shape) - d - 1))
+    base, span = int(index.min()), int(index.max()) + 1
+    flat = index.reshape(-1) - base
+
+    def on_storage(x: Any, size: Any, strides: Any, storage_offset: int | None = None) -> Any:
+        jnp = T._jnp()
+        storage = jnp.zeros((span - base,), x.dtype).at[flat].set(x.reshape(-1))
+        # the offset is absolute in the storage (default: the input's own); the flat storage starts at `base`
+        start = (off if storage_offset is None else int(storage_offset)) - base
+        return fn(storage, size, strides, start)
+
+    return on_storage
+
+
+def _storage_base(node: torch.fx.Node) -> torch.fx.Node:
+    """The first node of the chain of views (slice, permute, view, ...) `node` is at the end of: the value
+    whose storage they all share (traced values keep their storage's identity), so that as_strided can read
+    elements outside the last view, as PyTorch does."""
+    from torch.multiprocessing.reductions import StorageWeakRef
+
+    ref = StorageWeakRef(node.meta["val"].untyped_storage())
+    while node.op == "call_function" and node.args and isinstance(node.args[0], torch.fx.Node):
+        parent = node.args[0].meta.get("val")
+        if not isinstance(parent, torch.Tensor) or StorageWeakRef(parent.untyped_storage()) != ref:
+            break
+        node = node.args[0]
+    return node
+
+
 def to_jax_function(gm: torch.fx.GraphModule) -> Callable[..., Any]:
     """A function over JAX arrays that computes `gm` (functional ATen) with our lowerings."""
     nodes = list(gm.graph.nodes)
     fns: dict[torch.fx.Node, Callable[..., Any]] = {}
+    strided_from: dict[torch.fx.Node, torch.fx.Node] = {}  # as_strided node -> the view chain's base node
     for n in nodes:
         if n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload):
             fns[n] = _lower_node_target(n.target)  # fail at compile time, naming the op
+            src = n.args[0] if n.args else None
+            if n.target in _AS_STRIDED and isinstance(src, torch.fx.Node) and isinstance(
+                    src.meta.get("val"), torch.Tensor):
+                strided_from[n] = base = _storage_base(src)
+                fns[n] = _as_strided_on_storage(fns[n], base.meta["val"])
 
     def run(*inputs: Any) -> Any:
         jnp = T._jnp()
@@ -145,6 +206,8 @@ def to_jax_function(gm: torch.fx.GraphModule) -> Callable[..., Any]:
                 env[n] = T.from_cpu(attr) if attr.device.type == "cpu" else T.value(attr)
             elif n.op == "call_function":
                 args, kwargs = _mutable(torch.fx.node.map_arg((n.args, n.kwargs), lambda a: env[a]))
+                if n in strided_from:
+                    args = (env[strided_from[n]], *args[1:])
                 if n in fns:
                     res = fns[n](*args, **kwargs)
                     val = n.meta.get("val")
@@ -180,6 +243,8 @@ def _compiler(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable[.
     out_vals = torch.fx.node.map_arg(out_node.args[0], lambda a: a.meta.get("val", _NO_META))
     out_leaves = pytree.tree_leaves(out_vals)
     out_dtypes = [v.dtype if isinstance(v, torch.Tensor) else None for v in out_leaves]
+    # a scalar output (an `.item()` value the graph returns) comes back as a Python number, as Dynamo expects
+    out_scalar = [isinstance(v, _SYMBOLIC_SCALARS) for v in out_leaves]
     # each output goes to the device PyTorch traced it on, not the inputs' device: a graph may have no tpu
     # inputs at all (Qwen2-VL's vision position ids: torch.arange(h, device="tpu") from .tolist() values)
     out_on_tpu = [v.device.type != "cpu" if isinstance(v, torch.Tensor) else None for v in out_leaves]
@@ -215,8 +280,10 @@ def _compiler(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable[.
         leaves, spec = pytree.tree_flatten(out)
         res = []
         pad = [None] * (len(leaves) - len(out_dtypes))
-        for x, dt, tpu in zip(leaves, out_dtypes + pad, out_on_tpu + pad, strict=False):
-            if hasattr(x, "dtype") and hasattr(x, "shape"):
+        for x, dt, tpu, scalar in zip(leaves, out_dtypes + pad, out_on_tpu + pad, out_scalar + pad, strict=False):
+            if scalar and hasattr(x, "item"):
+                x = x.item()
+            elif hasattr(x, "dtype") and hasattr(x, "shape"):
                 dt = dt or dtypes.to_torch(x.dtype)
                 x = T.wrap(x, dt) if (on_tpu if tpu is None else tpu) else T.to_cpu(x, dt)
             res.append(x)

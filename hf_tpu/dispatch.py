@@ -403,7 +403,11 @@ def _run_functional(op: Any, args: tuple, kwargs: dict) -> tuple[Any, _Plan | No
         raise lowering.NoLowering(op)
     jargs, jkwargs = _map(functools.partial(_unwrap, op), args, kwargs)
     promote_to = _integral_promotion(op, args, kwargs)
+    plannable = True
     if promote_to is not None:
+        # views are read here, so the program takes their values; a plan (keyed by view geometry, fed the
+        # buffers) would hand it the buffers instead
+        plannable = not any(type(x) is T.Operand for x in _leaves(jargs, jkwargs))
         jargs, jkwargs = op_jit.materialise(jargs, jkwargs)
         jargs, jkwargs = _map(lambda x: x.astype(promote_to) if _is_array(x) else x, jargs, jkwargs)
     try:
@@ -421,7 +425,7 @@ def _run_functional(op: Any, args: tuple, kwargs: dict) -> tuple[Any, _Plan | No
         raise lowering.NoLowering(op, " for these arguments")
     out = _wrap_outputs(op, res, args, kwargs)
     plan = None
-    if program is not None and _is_array(res) and isinstance(out, torch.Tensor):
+    if program is not None and plannable and _is_array(res) and isinstance(out, torch.Tensor):
         want = dtypes.to_jax(out.dtype)
         plan = _Plan(fn, program, promote_to, out.dtype, want if want != res.dtype else None)
     return out, plan

@@ -17,6 +17,7 @@ Hand-written lowerings (torchax 0.0.13 has none for these):
                         and views them as the dtype)
   linalg_cholesky_ex -> jnp.linalg.cholesky plus a real `info` (torchax's is always 0, so a matrix that is
                         not positive definite passed `constraints.positive_definite` and gave NaN samples)
+  eye, range, searchsorted, fused LSTM/GRU cells: lowering_ops.py
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from typing import Any
 import torch
 
 from hf_tpu import dtypes, precision
+from hf_tpu.lowering_ops import OP_LOWERINGS
 from hf_tpu.rng import ENV
 from hf_tpu.torchax_compat import load_op_table
 
@@ -196,6 +198,7 @@ HAND_LOWERINGS: dict[Any, Callable[..., Any]] = {
     aten.lift_fresh.default: lambda x: x,
     aten._to_copy.default: _to_copy,
     aten.zero.default: _zero,
+    **OP_LOWERINGS,
 }
 
 

@@ -50,6 +50,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     o = p.add_argument_group("output")
     o.add_argument("--out", default=None, help="output directory (default reports/<run-id>)")
     o.add_argument("--resume", action="store_true", help="finish an interrupted run in --out (default: the latest in reports/)")
+    o.add_argument("--retry", default=None, metavar="STATUSES",
+                   help="with --resume: also run again the entries with a row of one of these statuses "
+                        "(comma-separated, e.g. timeout); their rows are replaced")
     o.add_argument("--progress", default="auto", choices=("auto", "bar", "lines", "none"))
     o.add_argument("--diagnose", action="store_true",
                    help="for each failing row, locate the first module and ATen op that go wrong and write a repro "
@@ -100,6 +103,13 @@ def build_options(args) -> SweepOptions:  # noqa: F821
             raise BadInput(f"bad {name} {value}: must be at least {low}")
     if args.timeout <= 0:
         raise BadInput(f"bad --timeout {args.timeout}: must be positive")
+    retry = tuple(x.strip() for x in (getattr(args, "retry", None) or "").split(",") if x.strip())
+    if retry and not args.resume:
+        raise BadInput("--retry needs --resume (it re-runs entries of a run being finished)")
+    from harness.schema import STATUSES
+
+    if any(x not in STATUSES for x in retry):
+        raise BadInput(f"bad --retry {args.retry!r}: expected statuses among {', '.join(STATUSES)}")
     if args.limit is not None and args.limit < 1:
         raise BadInput(f"bad --limit {args.limit}: must be at least 1")
 
@@ -129,7 +139,7 @@ def build_options(args) -> SweepOptions:  # noqa: F821
     opts = SweepOptions(**{**base, **given}, jobs=args.jobs, timeout=args.timeout, memory_cap_gb=args.memory_cap,
                         repeats=args.repeats, max_entries_per_worker=args.max_entries_per_worker,
                         executor=args.executor, ray_address=args.ray_address, tolerances=args.tolerances,
-                        out=str(out), run_id=run_id, resume=args.resume, progress=args.progress,
+                        out=str(out), run_id=run_id, resume=args.resume, retry=retry, progress=args.progress,
                         diagnose=getattr(args, "diagnose", False), canary=getattr(args, "canary", None))
     if opts.canary is not None:
         from harness.sweep.canary import parse_fault

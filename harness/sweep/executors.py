@@ -63,9 +63,9 @@ class LocalExecutor:
         workers: list[Worker] = [self._spawn() for _ in range(min(opts.jobs, len(queue)))]
         startup_failures = 0
 
-        def finish(task: Task, rows: list[dict]) -> None:
+        def finish(task: Task, rows: list[dict], cpu_s: float | None = None) -> None:
             eid = task.entry.id
-            self.phases[eid] = self.clock.finish(eid)
+            self.phases[eid] = self.clock.finish(eid, cpu_s)
             allrows = partial.pop(eid, []) + rows
             on_done(task.entry, allrows, time.monotonic() - started.pop(eid, time.monotonic()))
 
@@ -75,8 +75,9 @@ class LocalExecutor:
                     if w.ready and not w.busy() and queue:
                         task = queue.popleft()
                         started.setdefault(task.entry.id, time.monotonic())
-                        self.clock.phase(task.entry.id, "dispatch")
-                        self.clock.cpu_start(task.entry.id, _cpu_seconds(w.pid))
+                        cpu = _cpu_seconds(w.pid)
+                        self.clock.phase(task.entry.id, "dispatch", cpu)
+                        self.clock.cpu_start(task.entry.id, cpu)
                         w.start(task)
                 conns = {w.conn_in: w for w in workers}
                 for conn in wait(list(conns), timeout=POLL_S):
@@ -84,12 +85,13 @@ class LocalExecutor:
                     task = w.task
                     state = w.receive()
                     if task is not None and state is None and w.phase:
-                        self.clock.phase(task.entry.id, w.phase)
+                        self.clock.phase(task.entry.id, w.phase, _cpu_seconds(w.pid))
                     if state == "ready":
                         startup_failures = 0
                     elif state == "done":
-                        self.clock.cpu_stop(task.entry.id, _cpu_seconds(w.pid))
-                        finish(task, w.outcome.rows)
+                        cpu = _cpu_seconds(w.pid)
+                        self.clock.cpu_stop(task.entry.id, cpu)
+                        finish(task, w.outcome.rows, cpu)
                         if w.entries_run >= opts.max_entries_per_worker or (cap and w.last_rss > 0.6 * cap):
                             w.stop()  # recycle: leaked caches and memory go with the process
                             workers[workers.index(w)] = self._spawn()

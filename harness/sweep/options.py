@@ -48,6 +48,7 @@ class SweepOptions:
     out: str = ""
     run_id: str = ""
     resume: bool = False
+    retry: tuple[str, ...] = ()  # with resume: statuses whose entries run again
     progress: str = "auto"
     diagnose: bool = False  # locate each failing row's module and op, write a repro (harness.diagnose)
     canary: str | None = None  # fault spec (harness.sweep.canary): rerun each passing row with it injected

@@ -39,7 +39,8 @@ def run_sweep(opts: SweepOptions, entries: list | None = None, progress_stream=N
         entries = load_entries(opts)
     done = store.completed() if opts.resume else {}
     selected_ids = {e.id for e in entries}
-    done = {k: v for k, v in done.items() if k in selected_ids}
+    done = {k: v for k, v in done.items() if k in selected_ids
+            and not any(r.get("status") in opts.retry for r in v)}  # --retry: run those again
     todo = [e for e in entries if e.id not in done]
     meta = store.read_run() or {}
     meta.update({"run_id": opts.run_id, "schema_version": SCHEMA_VERSION, "selection": opts.selection(),
@@ -60,7 +61,12 @@ def run_sweep(opts: SweepOptions, entries: list | None = None, progress_stream=N
             store.write_entry(entry.id, rows)
             took[entry.id] = seconds
             phases = getattr(executor, "phases", {}).pop(entry.id, {})
-            timing_log.write(json.dumps({"entry_id": entry.id, "seconds": round(seconds, 3), "phases": phases}) + "\n")
+            record = {"entry_id": entry.id, "seconds": round(seconds, 3), "phases": phases}
+            clock = getattr(executor, "clock", None)
+            cpu_phases = clock.cpu_phases.pop(entry.id, None) if clock is not None else None
+            if cpu_phases:
+                record["cpu_phases"] = cpu_phases
+            timing_log.write(json.dumps(record) + "\n")
             timing_log.flush()
             progress.entry_done(entry.id, rows, seconds)
 

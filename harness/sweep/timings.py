@@ -82,12 +82,17 @@ def longest_first(entries: list, previous: dict[str, float]) -> list:
 
 
 class PhaseClock:
-    """Seconds per phase of each entry in flight, from the phase names its worker reports."""
+    """Seconds per phase of each entry in flight, from the phase names its worker reports; with the worker's
+    CPU seconds at each report (`cpu_s`), also the CPU seconds per phase (`cpu_phases`): on a shared
+    machine wall-clock says how loaded it was, CPU seconds say where the work went."""
 
     def __init__(self) -> None:
         self._current: dict[str, tuple[str, float]] = {}
         self.phases: dict[str, dict[str, float]] = {}
         self._cpu: dict[str, float] = {}
+        self._cpu_at: dict[str, float] = {}  # worker CPU seconds when the current phase began
+        self.cpu_phases: dict[str, dict[str, float]] = {}  # entry id -> CPU seconds per phase, once finished
+        self._cpu_open: dict[str, dict[str, float]] = {}
 
     def cpu_start(self, entry_id: str, cpu_s: float | None) -> None:
         if cpu_s is not None:
@@ -99,7 +104,7 @@ class PhaseClock:
         if start is not None and cpu_s is not None:
             self.phases.setdefault(entry_id, {})["cpu"] = max(0.0, cpu_s - start)
 
-    def phase(self, entry_id: str, name: str | None) -> None:
+    def phase(self, entry_id: str, name: str | None, cpu_s: float | None = None) -> None:
         now = time.monotonic()
         prev = self._current.get(entry_id)
         if prev is not None and prev[0] == name:
@@ -107,9 +112,19 @@ class PhaseClock:
         if prev is not None:
             table = self.phases.setdefault(entry_id, {})
             table[prev[0]] = table.get(prev[0], 0.0) + now - prev[1]
+            start = self._cpu_at.pop(entry_id, None)
+            if start is not None and cpu_s is not None:
+                cpu = self._cpu_open.setdefault(entry_id, {})
+                cpu[prev[0]] = cpu.get(prev[0], 0.0) + max(0.0, cpu_s - start)
         self._current[entry_id] = (name or "startup", now)
+        if cpu_s is not None:
+            self._cpu_at[entry_id] = cpu_s
 
-    def finish(self, entry_id: str) -> dict[str, float]:
-        self.phase(entry_id, "__done__")
+    def finish(self, entry_id: str, cpu_s: float | None = None) -> dict[str, float]:
+        self.phase(entry_id, "__done__", cpu_s)
         self._current.pop(entry_id, None)
+        self._cpu_at.pop(entry_id, None)
+        cpu = self._cpu_open.pop(entry_id, {})
+        if cpu:
+            self.cpu_phases[entry_id] = {k: round(v, 3) for k, v in cpu.items()}
         return {k: round(v, 3) for k, v in self.phases.pop(entry_id, {}).items()}

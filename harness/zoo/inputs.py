@@ -234,6 +234,15 @@ def build_inputs(model: torch.nn.Module, config: Any, model_class: str, seed: in
         out["latents"] = torch.randn(BATCH, int(find(config, "hidden_size") or 64), 8, generator=g)
     if "past_values" in params:
         out.update(time_series_inputs(config, params, g))
+    if "sample" in params and str(getattr(config, "model_type", "")).startswith("vibevoice") and "input_values" in out:
+        # VibeVoice's sigma-VAE adds Gaussian noise to the acoustic latents, drawn on the model's device, by default
+        out["sample"] = False
+    if "noise" in params and getattr(config, "model_type", "") == "vit_mae" and "pixel_values" in out:
+        # ViTMAE draws its random patch mask on the model's device when given no noise: no two devices' random
+        # streams agree, so every output differed from the baseline's (Transformers' own tests pass noise too)
+        _, h, w = out["pixel_values"].shape[-3:]
+        p = int(config.patch_size)
+        out["noise"] = torch.rand(BATCH, (h // p) * (w // p), generator=g)
     # a composite built without a tower (Gemma 4's default config has neither vision nor audio) is text-only
     if _built_without(model, "vision_tower", "embed_vision"):
         out = {k: v for k, v in out.items() if not k.startswith(("pixel_values", "image_"))}

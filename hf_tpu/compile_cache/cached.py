@@ -24,6 +24,14 @@ from hf_tpu.compile_cache import artifact, keys, store
 log = logging.getLogger(__name__)
 _memory: dict[str, Any] = {}  # key -> AOTCompiledFunction (the per-process tier)
 _unsaveable: dict[str, str] = {}  # key -> why it takes the ordinary path (this process)
+_ran: set[int] = set()  # id() of the entries whose program has been lowered and run once
+
+
+def _trace_errors() -> tuple[type[BaseException], ...]:
+    """JAX's errors for a value a traced program needs concretely (op_jit meets the same in eager)."""
+    from hf_tpu import op_jit
+
+    return op_jit._tracer_errors()
 
 
 def enabled() -> bool:
@@ -69,6 +77,7 @@ class CachedCall:
         # the last entry used, with weak references to the modules it was used with: while the same modules
         # come back, the guards alone decide (no key is computed on the steady-state path)
         self._last: tuple[list[weakref.ref], tuple[Any, ...], Any] | None = None
+        self._keys: dict[int, str] = {}  # id(compiled) -> its cache key, for a first call that cannot be lowered
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if torch.compiler.is_compiling():  # inside an outer compile: let Dynamo trace the ordinary callable
@@ -88,7 +97,27 @@ class CachedCall:
             self._last = ([weakref.ref(m) for m in _modules(full)], sig, compiled)
         if compiled is _ORDINARY:
             return self.fallback(*args, **kwargs)
-        return compiled.fn(*full, **kwargs)
+        if id(compiled) in _ran:
+            return compiled.fn(*full, **kwargs)
+        try:
+            out = compiled.fn(*full, **kwargs)
+        except _trace_errors() as exc:
+            # The full-graph capture keeps in its graph what ordinary Dynamo splits at (`.item()` values): when
+            # XLA cannot trace that, the call takes the ordinary path, which torch.compile users would have got
+            # without the cache. Tracing fails before the program runs, so no input was touched.
+            key = self._keys.get(id(compiled))
+            reason = f"{type(exc).__name__} while lowering the saved graph"
+            log.info("hf_tpu compile cache: %s takes the ordinary compile path (%s)", key, reason)
+            if key is not None:
+                _unsaveable[key] = reason
+                _memory.pop(key, None)
+                for _, root in store.disk_tiers():
+                    store.mark_unsaveable(root, key, reason)
+            store.bump("", "unsaveable")
+            self._last = ([weakref.ref(m) for m in _modules(full)], sig, _ORDINARY)
+            return self.fallback(*args, **kwargs)
+        _ran.add(id(compiled))
+        return out
 
     def _fast(self, full: tuple[Any, ...], kwargs: dict[str, Any], sig: tuple[Any, ...]) -> Any:
         if self._last is None:
@@ -116,6 +145,7 @@ class CachedCall:
         if compiled is not None:
             if compiled.guard_check(*full, **kwargs):
                 store.bump("memory", "hits")
+                self._keys[id(compiled)] = key
                 return compiled
             store.bump("", "guard_misses")
         store.bump("memory", "misses")
@@ -151,6 +181,7 @@ class CachedCall:
             if tier == "shared":
                 store.write(store.host_dir(), key, payload)
             _memory[key] = compiled
+            self._keys[id(compiled)] = key
             return compiled
         return self._compile(key, full, kwargs, fn_globals)
 
@@ -168,6 +199,7 @@ class CachedCall:
                 store.mark_unsaveable(root, key, reason)
             return _ORDINARY
         _memory[key] = compiled
+        self._keys[id(compiled)] = key
         try:
             payload = artifact.dumps(compiled, fn_globals)
         except Exception as exc:  # noqa: BLE001 - usable in this process, just not saved
@@ -198,6 +230,7 @@ def _hook_dynamo_reset() -> None:
         original()
         _memory.clear()
         _unsaveable.clear()
+        _ran.clear()
 
     torch._dynamo.reset = reset
     _reset_hooked = True

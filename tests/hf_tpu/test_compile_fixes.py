@@ -3,6 +3,7 @@ that `hf-tpu diagnose ENTRY --mode compiled` wrote. CPU PyTorch is the oracle.""
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch._dynamo
 
@@ -114,3 +115,99 @@ def test_assert_async_in_a_compiled_graph() -> None:
     x = torch.randn(3, 4)
     got = torch.compile(checked, backend="tpu")(x.to("tpu"))
     torch.testing.assert_close(got.cpu(), x * 2)
+
+
+# Flaubert's forward: `assert lengths.max().item() <= slen`. Built from source: pytest rewrites the asserts of
+# test modules into code Dynamo splits at, and the model's own plain `assert` is what is tested.
+_namespace: dict = {"torch": torch, "__name__": __name__}  # pickled by reference to this module
+exec(compile("""
+class _AssertOnItem(torch.nn.Module):
+    def forward(self, x, lengths):
+        assert lengths.max().item() <= x.shape[1]
+        return x * 2 + lengths.max()
+""", "flaubert_like", "exec"), _namespace)
+_AssertOnItem = _namespace["_AssertOnItem"]
+
+
+class _ReturnsItem(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, int]:
+        return x * 2, x.argmax().item()
+
+
+def _graph_cache_on(monkeypatch, tmp_path) -> None:
+    # the graph cache's full-graph capture keeps `.item()` in the graph (ordinary Dynamo splits there)
+    monkeypatch.setenv("HF_TPU_COMPILE_CACHE", "1")
+    monkeypatch.setenv("HF_TPU_GRAPH_CACHE_DIR", str(tmp_path / "graphs"))
+    monkeypatch.delenv("HF_TPU_SHARED_CACHE_DIR", raising=False)
+
+
+@pytest.mark.parametrize("cache", [False, True])
+def test_item_feeding_an_assert_compiles(highest, monkeypatch, tmp_path, cache: bool) -> None:
+    if cache:
+        _graph_cache_on(monkeypatch, tmp_path)
+    from hf_tpu import compile_cache
+
+    x, lengths = torch.randn(2, 5), torch.tensor([3, 5])
+    want = _AssertOnItem()(x, lengths)
+    torch._dynamo.reset()
+    compile_cache.reset_stats()
+    got = torch.compile(_AssertOnItem(), backend="tpu")(x.to("tpu"), lengths.to("tpu"))
+    torch.testing.assert_close(got.cpu(), want)
+    if cache:  # the saved graph itself ran (no detour through the ordinary path)
+        assert compile_cache.stats()["saved"] == 1 and compile_cache.stats()["unsaveable"] == 0
+
+
+def test_item_returned_by_a_graph_is_a_python_number(highest, monkeypatch, tmp_path) -> None:
+    _graph_cache_on(monkeypatch, tmp_path)
+    from hf_tpu import compile_cache
+
+    x = torch.tensor([[0.5, 3.0, -1.0]])
+    torch._dynamo.reset()
+    compile_cache.reset_stats()
+    y, i = torch.compile(_ReturnsItem(), backend="tpu")(x.to("tpu"))
+    assert type(i) is int and i == 1
+    torch.testing.assert_close(y.cpu(), x * 2)
+    assert compile_cache.stats()["unsaveable"] == 0
+
+
+def test_saved_graph_that_cannot_be_lowered_takes_the_ordinary_path(highest, monkeypatch, tmp_path) -> None:
+    # a value the full-graph capture kept in its graph that XLA cannot trace: the first call goes the ordinary
+    # torch.compile way (which splits the graph there) instead of failing, and later calls go there directly
+    from hf_tpu import compile as tpu_compile
+    from hf_tpu import compile_cache
+
+    _graph_cache_on(monkeypatch, tmp_path)
+    monkeypatch.setitem(tpu_compile.GRAPH_LOWERINGS, torch.ops.aten._local_scalar_dense.default, lambda x: int(x))
+    x, lengths = torch.randn(2, 5), torch.tensor([3, 5])
+    want = _AssertOnItem()(x, lengths)
+    torch._dynamo.reset()
+    compile_cache.reset_stats()
+    fn = torch.compile(_AssertOnItem(), backend="tpu")
+    for _ in range(2):
+        torch.testing.assert_close(fn(x.to("tpu"), lengths.to("tpu")).cpu(), want)
+    assert compile_cache.stats()["unsaveable"] == 1
+
+
+def _strided_of_transpose(a: torch.Tensor) -> torch.Tensor:
+    return a.transpose(0, 1).as_strided((3, 4), (1, 2), 1) * 1.0
+
+
+def _overlapping_chunks_of_permute(a: torch.Tensor) -> torch.Tensor:
+    # Longformer's _chunk: overlapping windows (as_strided) of a permuted tensor
+    return a.permute(1, 0, 2).as_strided((2, 3, 4, 3), (3, 12, 6, 1)) + 0
+
+
+def _strided_of_offset_view(a: torch.Tensor) -> torch.Tensor:
+    return a[1:].as_strided((2, 3), (1, 3), 5) * 1.0  # an absolute storage offset, past the view's own
+
+
+@pytest.mark.parametrize("fn, shape", [(_strided_of_transpose, (6, 4)), (_overlapping_chunks_of_permute, (8, 2, 3)),
+                                       (_strided_of_offset_view, (4, 6))])
+def test_as_strided_reads_its_input_storage_as_laid_out(fn, shape) -> None:
+    # LongformerForMultipleChoice compiled: as_strided of a non-contiguous graph value read the logical
+    # (row-major) array as if it were the storage, so the windows held other elements (rel rmse 1.6e-4)
+    a = torch.randn(shape)
+    want = fn(a)
+    torch._dynamo.reset()
+    got = torch.compile(fn, backend="tpu")(a.to("tpu"))
+    torch.testing.assert_close(got.cpu(), want, atol=0, rtol=0)

@@ -107,6 +107,25 @@ def test_shards_merged_equal_a_single_run(tmp_path):
         (tmp_path / "single" / "coverage.md").read_text().split("\n", 1)[1]
 
 
+def test_resume_retry_runs_the_entries_of_those_statuses_again(tmp_path, monkeypatch):
+    """`--resume --retry timeout` (an entry that timed out on a loaded machine): those entries run again and
+    their rows are replaced; every other entry is left as written."""
+    from harness.cli import main
+
+    log = tmp_path / "builds.log"
+    monkeypatch.setenv("HF_TPU_SWEEP_TEST_LOG", str(log))
+    out = tmp_path / "run"
+    common = ["--device", "cpu", "--repeats", "1", "--progress", "none", "--executor", "inline", "--out", str(out)]
+    assert main(["sweep", "--zoo", "test:pass*2,raise,perturb", "--modes", "eager", *common]) == 0
+    assert main(["sweep", "--resume", "--retry", "fail_to_run", *common]) == 0
+    builds = [ln.split()[0] for ln in log.read_text().splitlines()]
+    assert sorted(builds) == ["test/pass_000", "test/pass_001", "test/perturb", "test/raise", "test/raise"]
+    assert {k[0]: r["status"] for k, r in _rows(out).items()} == {
+        "test/pass_000": "pass", "test/pass_001": "pass", "test/raise": "fail_to_run", "test/perturb": "fail_accuracy"}
+    assert main(["sweep", "--retry", "timeout", "--zoo", "test:pass", "--out", str(tmp_path / "x")]) == 2
+    assert main(["sweep", "--resume", "--retry", "timout", *common]) == 2
+
+
 @pytest.mark.slow
 def test_ray_executor_runs_entries_as_ray_tasks(tmp_path):
     out = tmp_path / "run"

@@ -65,6 +65,21 @@ def test_phase_clock_sums_each_phase() -> None:
     assert clock.finish("other") == {}
 
 
+def test_phase_clock_sums_cpu_seconds_per_phase() -> None:
+    clock = timings.PhaseClock()
+    clock.phase("e", "build", 1.0)
+    clock.phase("e", "baseline", 1.5)
+    clock.phase("e", "eager", 2.0)
+    clock.phase("e", "compiled", 5.0)
+    clock.phase("e", "eager", 9.0)  # a continuation after a death: the phase adds up
+    out = clock.finish("e", 9.25)
+    assert set(out) == {"build", "baseline", "eager", "compiled"}
+    assert clock.cpu_phases.pop("e") == {"build": 0.5, "baseline": 0.5, "eager": 3.25, "compiled": 4.0}
+    clock.phase("f", "build")  # no CPU figures (a Ray worker): wall-clock phases only
+    clock.finish("f")
+    assert "f" not in clock.cpu_phases
+
+
 @pytest.mark.slow  # two real sweeps (~1 min on a quiet machine)
 def test_a_sweep_records_phases_and_the_next_runs_longest_first(tmp_path) -> None:
     import os

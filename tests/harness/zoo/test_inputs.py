@@ -71,3 +71,26 @@ def test_multimodal_placeholder_message_fills_the_given_modality():
     inputs = {k: v for k, v in build_inputs(model, config, "Dots3NoteModel").items() if k != "input_features"}
     fitted = fit_placeholders(model, config, inputs)
     assert (fitted["input_ids"] == placeholder_id(config, "image")).sum() > 0
+
+
+def test_masked_autoencoder_gets_its_mask_noise():
+    # without `noise` ViTMAE draws its patch mask from the device's random stream, which no other device repeats
+    import torch
+
+    from harness.zoo.transformers_zoo import model_class as cls_of
+
+    config = tiny_config("vit_mae")
+    model = cls_of("ViTMAEModel")._from_config(config).eval()
+    inputs = build_inputs(model, config, "ViTMAEModel")
+    assert inputs["noise"].shape == (2, (config.image_size // config.patch_size) ** 2)
+    masks = []
+    for seed in (0, 1):  # the global random state no longer decides the mask
+        torch.manual_seed(seed)
+        with torch.no_grad():
+            masks.append(model(**inputs).mask)
+    assert torch.equal(masks[0], masks[1])
+
+
+def test_vibevoice_takes_its_acoustic_latents_without_noise():
+    # its sigma-VAE adds Gaussian noise drawn on the model's device by default: no other device draws the same
+    assert _inputs("vibevoice", "VibeVoiceForConditionalGeneration")["sample"] is False

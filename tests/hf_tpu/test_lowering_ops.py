@@ -1,0 +1,95 @@
+"""Regression tests for the hand lowerings of hf_tpu/lowering_ops.py, each from a zoo entry that failed in both
+modes (issue 13's sample): torch.eye (MM-Grounding-DINO), searchsorted(right=True) (MusicFlamingo), the fused
+LSTM cell (Parakeet RNN-T) and its GRU sibling. CPU PyTorch is the oracle, eager and compiled."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch._dynamo
+
+
+def _both_modes(fn, *inputs: torch.Tensor):
+    """fn on CPU, then on tpu eager and compiled: (want, eager, compiled), tpu results moved to CPU."""
+    want = fn(*inputs)
+    dev = [x.to("tpu") for x in inputs]
+    eager = fn(*dev)
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, backend="tpu", fullgraph=True)(*dev)
+    return want, eager.cpu(), compiled.cpu()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bool, torch.int64])
+def test_eye_on_tpu(dtype: torch.dtype) -> None:
+    # MM-Grounding-DINO: torch.eye(seq_len, device=device, dtype=torch.bool); PyTorch's eye makes a CPU tensor
+    # inside eye.out, which dispatch then could not store into the tpu output
+    for shape in ((5,), (3, 4)):
+        got = torch.eye(*shape, device="tpu", dtype=dtype)
+        assert got.dtype == dtype and got.device.type == "tpu"
+        assert torch.equal(got.cpu(), torch.eye(*shape, dtype=dtype))
+    want, eager, compiled = _both_modes(lambda x: x + torch.eye(3, 4, device=x.device), torch.ones(3, 4))
+    assert torch.equal(eager, want) and torch.equal(compiled, want)
+
+
+def test_range_on_tpu() -> None:
+    for args in ((0, 5), (0, 1, 0.3), (2, -3, -1.5)):
+        torch.testing.assert_close(torch.range(*args, device="tpu").cpu(), torch.range(*args))
+
+
+@pytest.mark.parametrize("kwargs", [{}, {"right": True}, {"side": "right"}, {"side": "left"}])
+def test_searchsorted_keywords_and_batches(kwargs: dict) -> None:
+    # MusicFlamingo: torch.searchsorted(boundaries, values, right=True); torchax's lowering took no keywords
+    # and only a 1-D sequence
+    seq1 = torch.tensor([0.0, 1.0, 1.0, 2.0, 5.0])
+    seq2 = torch.tensor([[1.0, 2.0, 2.0, 3.0], [0.0, 5.0, 5.0, 9.0]])
+    vals2 = torch.tensor([[2.0, 3.0, 0.5], [5.0, 10.0, -1.0]])
+    for seq, vals in ((seq1, torch.tensor([[1.0, 2.0], [5.0, -1.0]])), (seq2, vals2)):
+        want, eager, compiled = _both_modes(lambda s, v: torch.searchsorted(s, v, **kwargs), seq, vals)
+        assert eager.dtype == torch.int64
+        assert torch.equal(eager, want) and torch.equal(compiled, want)
+
+
+def test_searchsorted_out_int32_sorter_and_scalar() -> None:
+    seq = torch.tensor([[3.0, 1.0, 2.0], [9.0, 0.0, 5.0]])
+    sorter = seq.argsort(dim=-1)
+    vals = torch.tensor([[2.0, 2.5], [5.0, 1.0]])
+    want = torch.searchsorted(seq, vals, sorter=sorter, out_int32=True, right=True)
+    got = torch.searchsorted(seq.to("tpu"), vals.to("tpu"), sorter=sorter.to("tpu"), out_int32=True, right=True)
+    assert got.dtype == torch.int32 and torch.equal(got.cpu(), want)
+    s1 = torch.arange(5.0)
+    assert torch.searchsorted(s1.to("tpu"), 2.0, right=True).item() == torch.searchsorted(s1, 2.0, right=True).item()
+
+
+@pytest.mark.parametrize("cls", [torch.nn.LSTMCell, torch.nn.GRUCell, torch.nn.LSTM, torch.nn.GRU])
+@pytest.mark.parametrize("bias", [True, False])
+def test_recurrent_cells_forward_and_backward(highest, cls, bias: bool) -> None:
+    # Parakeet RNN-T's prediction network (nn.LSTM): on PrivateUse1 PyTorch runs the CUDA-only fused cell
+    # kernels (_thnn_fused_lstm_cell / _thnn_fused_gru_cell), which had no lowering
+    torch.manual_seed(0)
+    m = cls(5, 7, bias=bias)
+    mt = copy.deepcopy(m).to("tpu")
+    x = torch.randn(3, 5) if "Cell" in cls.__name__ else torch.randn(4, 3, 5)
+    xt = x.to("tpu").requires_grad_()
+    x.requires_grad_()
+    first = lambda y: y[0] if isinstance(y, tuple) else y  # noqa: E731
+    y, yt = first(m(x)), first(mt(xt))
+    y.sin().sum().backward()
+    yt.sin().sum().backward()
+    torch.testing.assert_close(yt.cpu(), y.detach(), atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(xt.grad.cpu(), x.grad, atol=1e-6, rtol=1e-5)
+    for p, q in zip(m.parameters(), mt.parameters(), strict=True):
+        torch.testing.assert_close(q.grad.cpu(), p.grad, atol=1e-5, rtol=1e-5)
+
+
+def test_lstm_cell_compiled(highest) -> None:
+    torch.manual_seed(0)
+    m = torch.nn.LSTMCell(5, 7).eval()
+    x = torch.randn(3, 5)
+    with torch.no_grad():
+        want = m(x)
+        torch._dynamo.reset()
+        got = torch.compile(copy.deepcopy(m).to("tpu"), backend="tpu")(x.to("tpu"))
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g.cpu(), w, atol=1e-6, rtol=1e-5)
