@@ -31,7 +31,7 @@ def _trace_errors() -> tuple[type[BaseException], ...]:
     """JAX's errors for a value a traced program needs concretely (op_jit meets the same in eager)."""
     from hf_tpu import op_jit
 
-    return op_jit._tracer_errors()
+    return op_jit.tracer_errors()
 
 
 def enabled() -> bool:

@@ -11,10 +11,9 @@ VllmSerializableFunction does the same for Inductor).
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -183,35 +182,5 @@ def aot_compile(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str,
     from torch._dynamo.aot_compile import aot_compile_fullgraph
     from torch._dynamo.hooks import Hooks
 
-    with _meta_safe_guard_pickling():
-        return aot_compile_fullgraph(fn, (args, kwargs), hooks=Hooks(guard_filter_fn=guard_filter),
-                                     backend=serializable_backend, dynamic=False)
-
-
-@contextlib.contextmanager
-def _meta_safe_guard_pickling() -> Iterator[None]:
-    """Dynamo saves a guarded tensor as `torch.empty_like(t, device="meta")`, which for a tpu tensor returns
-    a tpu tensor in hf_tpu today (dispatch.py, being fixed by its owner); saved guards then cannot be loaded
-    ("'_Missing' object has no attribute 'device'"). While we save, tpu tensors are described by a meta
-    tensor built directly. Local to our aot_compile; remove once empty_like honours device="meta"."""
-    from torch._dynamo.guards import GuardsStatePickler
-    from torch._subclasses.fake_tensor import FakeTensor
-    from torch.utils._python_dispatch import is_traceable_wrapper_subclass
-
-    original = GuardsStatePickler.reducer_override
-
-    def reducer_override(self: Any, obj: Any) -> Any:
-        if (isinstance(obj, torch.Tensor) and not isinstance(obj, FakeTensor) and obj.device.type == "tpu"
-                and id(obj) in self.guard_tree_values and id(obj) not in self.missing_values
-                and id(obj) not in self.empty_values and not is_traceable_wrapper_subclass(obj)):
-            meta = torch.empty_strided(obj.size(), obj.stride(), dtype=obj.dtype, device="meta",
-                                       requires_grad=obj.requires_grad)
-            return type(self)._unpickle_tensor, (meta, obj.device, type(obj),
-                                                 torch._C._dispatch_keys(obj).raw_repr(), obj.grad)
-        return original(self, obj)
-
-    GuardsStatePickler.reducer_override = reducer_override
-    try:
-        yield
-    finally:
-        GuardsStatePickler.reducer_override = original
+    return aot_compile_fullgraph(fn, (args, kwargs), hooks=Hooks(guard_filter_fn=guard_filter),
+                                 backend=serializable_backend, dynamic=False)

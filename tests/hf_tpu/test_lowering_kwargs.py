@@ -51,7 +51,17 @@ def test_factory_overload_uses_its_decomposition() -> None:
 
 
 def test_unsupported_kwarg_value_names_the_op_and_argument() -> None:
-    seq, val = torch.tensor([1.0, 2.0, 3.0]), torch.tensor([2.0])
-    assert torch.searchsorted(seq.to("tpu"), val.to("tpu")).cpu().tolist() == torch.searchsorted(seq, val).tolist()
+    # A lowering written for an older schema (no `right` parameter), as torchax's searchsorted was before
+    # hf_tpu lowered it itself: the default value passes, any other names the op and the argument.
+    from hf_tpu import lowering
+
+    def old_searchsorted(sorted_sequence, values, out_int32=False):
+        return "ran"
+
+    adapted = lowering._adapt_kwargs(old_searchsorted, torch.ops.aten.searchsorted.Tensor)
+    assert adapted("seq", "val", right=False) == "ran"
     with pytest.raises(NotImplementedError, match=r"searchsorted.*right=True"):
-        torch.searchsorted(seq.to("tpu"), val.to("tpu"), right=True)
+        adapted("seq", "val", right=True)
+    seq, val = torch.tensor([1.0, 2.0, 3.0]), torch.tensor([2.0])  # hf_tpu's own lowering takes right=
+    assert torch.searchsorted(seq.to("tpu"), val.to("tpu"), right=True).cpu().tolist() == \
+        torch.searchsorted(seq, val, right=True).tolist()
