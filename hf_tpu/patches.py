@@ -516,6 +516,30 @@ def _tpu_tensor_copy(t: Any, buffers: dict[int, tuple[Any, Any]]) -> Any:
     return new
 
 
+def _patch_tensor_printing() -> None:
+    """Upstream (PyTorch): printing a tensor indexes it element by element (the formatter calls `.item()` on
+    each element's view). PyTorch copies xla/lazy/ipu/mtia tensors to CPU first for that reason (each indexing
+    op compiles there), but not tpu: every printed element was a separately compiled read. Transformers'
+    test_model_outputs_equivalence formats whole output tensors into an assertion message (60k `.item()`
+    calls: 24x slower than on CPU, and the test that timed out on a loaded machine). Fix: `_tensor_str`, which
+    formats the values, formats a tpu tensor's CPU copy; the caller still adds `device='tpu:0'`."""
+    import torch._tensor_str as ts
+
+    orig = ts._tensor_str
+    if getattr(orig, "_hf_tpu_patched", False):
+        return
+
+    @functools.wraps(orig)
+    def _tensor_str(self: Any, indent: int) -> str:
+        if self.device.type == "tpu":
+            self = self.detach().cpu()
+        return orig(self, indent)
+
+    _tensor_str._hf_tpu_patched = True  # type: ignore[attr-defined]
+    ts._tensor_str = _tensor_str
+    _mark("tpu_tensor_printing")
+
+
 # ------------------------------------------------------------------------------------------------ patch 6
 def _patch_default_compile() -> None:
     """Upstream (PyTorch): `torch.compile(model)` with no backend is Inductor, and Inductor's `tpu` device
@@ -672,3 +696,4 @@ def install() -> None:
         _patch_torch_generator()
         _patch_tensor_deepcopy()
         _patch_default_compile()
+        _patch_tensor_printing()
