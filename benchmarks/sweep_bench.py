@@ -65,9 +65,12 @@ def run_config(name: str, zoo: str, extra: list[str], work: Path, caches: dict[s
     env["HF_TPU_COMPILE_CACHE"] = "0" if cache == "warm-nograph" else "1"
     cmd = [sys.executable, "-m", "harness", "sweep", "--zoo", zoo, "--modes", modes, "--jobs", str(jobs),
            "--out", str(out), "--progress", "none", *extra]
+    digest = graph_key_digest()
     t0 = time.monotonic()
     p = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True)
     wall = time.monotonic() - t0
+    if graph_key_digest() != digest:
+        print(f"  WARNING: hf_tpu sources the graph cache keys on changed during {name}", flush=True)
     if p.returncode != 0:
         return {"config": name, "error": p.stderr.strip().splitlines()[-1:] or ["?"], "wall_s": wall}
     meta = json.loads((out / "run.json").read_text())
@@ -86,6 +89,23 @@ def run_config(name: str, zoo: str, extra: list[str], work: Path, caches: dict[s
     return {"config": name, "modes": modes, "jobs": jobs, "cache": cache, "entries": n, "wall_s": wall,
             "entries_per_min": 60.0 * n / wall, "crash_free": f"{h['crash_free']}/{h['counted']}",
             "numerics_match": f"{h['passed']}/{h['ran']}", "out": str(out), **retried, **summary}
+
+
+# the hf_tpu sources the graph cache keys on (hf_tpu/compile_cache/keys.py): a commit to one of them between the
+# cold and the warm configuration makes every saved graph miss, so that "warm" run is graph-cold
+_KEYED_SOURCES = ("compile.py", "lowering.py", "patches.py", "compile_cache/serializable.py", "compile_cache/keys.py")
+
+
+def graph_key_digest() -> str:
+    import hashlib
+
+    h = hashlib.sha256()
+    for rel in _KEYED_SOURCES:
+        try:
+            h.update((REPO / "hf_tpu" / rel).read_bytes())
+        except OSError:
+            h.update(rel.encode())
+    return h.hexdigest()[:16]
 
 
 def _timeouts(out: Path) -> list[str]:
@@ -194,6 +214,12 @@ def main() -> int:
     print(f"sweep benchmark: zoo {args.zoo} {' '.join(shown)}, "
           f"{os.cpu_count()} CPUs, outputs in {work}", flush=True)
     for name in names:
+        digest = graph_key_digest()
+        if CONFIGS[name][2] == "cold":
+            caches["digest"] = digest
+        elif caches.get("digest") not in (None, digest):
+            print(f"  WARNING: hf_tpu's graph-keyed sources changed since the cold run: {name} misses every saved "
+                  "graph (Dynamo and AOTAutograd run again); its figure is not a warm one", flush=True)
         r = run_config(name, args.zoo, extra, work, caches, args.retry_timeouts)
         results.append(r)
         if "error" in r:
