@@ -165,7 +165,8 @@ def _meta_dtypes(op: Any, args: tuple, kwargs: dict) -> list[torch.dtype] | None
     the result is cast to PyTorch's dtype so `.dtype` and the numbers agree with CPU."""
     key = (op, torch.get_default_dtype(),  # factories without a dtype (and float scalars) follow the default
            tuple((x.dtype, x.dim() == 0, x.device.type) if isinstance(x, torch.Tensor) else
-                 (x if isinstance(x, (torch.dtype, bool)) else type(x)) for x in _leaves(args, kwargs)))
+                 (x if isinstance(x, (torch.dtype, bool)) else type(x)) for x in _leaves(args, kwargs)),
+           tuple(kwargs))  # the names too: searchsorted(right=True) and (out_int32=True) differ in dtype
     try:
         return _meta_cache[key]
     except KeyError:

@@ -108,3 +108,11 @@ def test_a_lowering_replaced_at_run_time_is_honoured(monkeypatch):
     torch.testing.assert_close(torch.exp(x).cpu(), torch.exp(x.cpu()) + 1)
     monkeypatch.undo()  # the real lowering and the programs jitted from it
     torch.testing.assert_close(torch.exp(x).cpu(), torch.exp(x.cpu()))
+
+
+def test_output_dtype_depends_on_which_keyword_is_set():
+    # the output-dtype cache once keyed keyword values without their names: right=True then
+    # out_int32=True (both one bool) gave int64 for the second
+    seq, val = torch.tensor([1.0, 2.0, 3.0]).to("tpu"), torch.tensor([2.0]).to("tpu")
+    assert torch.searchsorted(seq, val, right=True).dtype == torch.int64
+    assert torch.searchsorted(seq, val, out_int32=True).dtype == torch.int32
