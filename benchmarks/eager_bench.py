@@ -41,15 +41,21 @@ MODELS = {
         vocab_size=1000, max_position_embeddings=128), 16),
 }
 
-ONE_RUN = r"""
-import json, resource, statistics, sys, time
+# Both child scripts start alike: the arguments, precision, threads, seed, and the model built on CPU.
+PRELUDE = r"""
+import copy, json, os, resource, statistics, sys, time
 import torch, transformers
 torch.set_float32_matmul_precision("highest")
-cfg_name, cls_name, kwargs, seq, device, repeats, threads = json.loads(sys.argv[1])
+cfg_name, cls_name, kwargs, seq, threads, *rest = json.loads(sys.argv[1])
 if threads:
     torch.set_num_threads(threads)
 torch.manual_seed(0)
-model = getattr(transformers, cls_name)(getattr(transformers, cfg_name)(**kwargs)).eval().to(device)
+cpu = getattr(transformers, cls_name)(getattr(transformers, cfg_name)(**kwargs)).eval()
+"""
+
+ONE_RUN = PRELUDE + r"""
+device, repeats = rest
+model = cpu.to(device)
 ids = torch.randint(0, model.config.vocab_size, (1, seq)).to(device)
 times = []
 with torch.no_grad():
@@ -66,15 +72,8 @@ print(json.dumps({"first_s": times[0], "steady_s": statistics.median(times[2:]),
 # Time ratios also come from one process that alternates a CPU forward and a tpu forward of the same model,
 # pair after pair: on a shared machine the load drifts over seconds, and a pair sees the same load, so the
 # median of per-pair ratios is steadier than a ratio of two processes' medians (which run at different times).
-PAIRED = r"""
-import copy, json, os, statistics, sys, time
-import torch, transformers
-torch.set_float32_matmul_precision("highest")
-cfg_name, cls_name, kwargs, seq, repeats, threads, fused = json.loads(sys.argv[1])
-if threads:
-    torch.set_num_threads(threads)
-torch.manual_seed(0)
-cpu = getattr(transformers, cls_name)(getattr(transformers, cfg_name)(**kwargs)).eval()
+PAIRED = PRELUDE + r"""
+repeats, fused = rest
 import hf_tpu
 tpu = copy.deepcopy(cpu).to("tpu")
 ids = torch.randint(0, cpu.config.vocab_size, (1, seq))
@@ -102,7 +101,7 @@ print(json.dumps({"tpu_cpu": statistics.median(ratios),
 
 def run_paired(model: str, repeats: int, threads: int, fused: bool) -> dict[str, float]:
     cfg, cls, kwargs, seq = MODELS[model]
-    r = subprocess.run([sys.executable, "-c", PAIRED, json.dumps([cfg, cls, kwargs, seq, repeats, threads, fused])],
+    r = subprocess.run([sys.executable, "-c", PAIRED, json.dumps([cfg, cls, kwargs, seq, threads, repeats, fused])],
                        capture_output=True, text=True, env={**os.environ, "TORCH_TPU_DEFER_AND_FUSE": "0"})
     if r.returncode:
         raise SystemExit(f"{model} paired run failed:\n{r.stderr[-3000:]}")
@@ -114,7 +113,7 @@ def run_one(model: str, device: str, repeats: int, threads: int) -> dict[str, fl
     cfg, cls, kwargs, seq = MODELS[model]
     env = {**os.environ, "TORCH_TPU_DEFER_AND_FUSE": "1" if device == "tpu-fused" else "0"}
     r = subprocess.run([sys.executable, "-c", ONE_RUN,
-                        json.dumps([cfg, cls, kwargs, seq, device.split("-")[0], repeats, threads])],
+                        json.dumps([cfg, cls, kwargs, seq, threads, device.split("-")[0], repeats])],
                        capture_output=True, text=True, env=env)
     if r.returncode:
         raise SystemExit(f"{model} on {device} failed:\n{r.stderr[-3000:]}")
