@@ -26,10 +26,6 @@ from hf_tpu import op_jit, rng
 from hf_tpu import tensor as T
 
 
-def _is_array(x: Any) -> bool:
-    return hasattr(x, "shape") and hasattr(x, "dtype") and not isinstance(x, torch.Tensor)
-
-
 def traceable(op: Any) -> bool:
     """Whether `op`'s decomposition may be run as a traced program. Not factories (an argument names the
     device): their decompositions make tensors where `device=` says, which a trace of arrays cannot honour
@@ -46,7 +42,7 @@ def as_lowering(op: Any, dec: Callable[..., Any]) -> Callable[..., Any]:
     tracer = runtime.jax().core.Tracer
 
     def wrap(x: Any) -> Any:
-        return T.wrap(x) if _is_array(x) else x
+        return T.wrap(x) if T.is_jax_array(x) else x
 
     def lowering(*args: Any, **kwargs: Any) -> Any:
         leaves = pytree.tree_leaves((args, kwargs))

@@ -17,6 +17,8 @@ from typing import Any
 
 import torch
 
+from hf_tpu import dispatch  # sdpa is imported only once dispatch is loaded (device._register_direct_kernels)
+
 OP = torch.ops.aten.scaled_dot_product_attention.default
 
 
@@ -30,7 +32,5 @@ def kernel(*args: Any, **kwargs: Any) -> Any:
     dropout = args[4] if len(args) > 4 else kwargs.get("dropout_p", 0.0)
     if dropout == 0.0 and all(_plain(t) for t in tensors) and not (
             torch.is_grad_enabled() and any(t.requires_grad for t in tensors)):
-        from hf_tpu import dispatch
-
         return dispatch.dispatch(OP, args, kwargs)
     return OP.decompose(*args, **kwargs)

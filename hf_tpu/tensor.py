@@ -15,6 +15,7 @@ the source tensor's logical (row-major) frame, which is the frame `views.compose
 
 from __future__ import annotations
 
+import math
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -188,12 +189,12 @@ def assign(t: torch.Tensor, new: Any) -> None:
     """Write `new` (broadcast and cast to t's shape and dtype) into t, and so into every alias of it."""
     shape = tuple(t.shape)
     want = dtypes.to_jax(t.dtype)
-    if not _is_jax_array(new):  # a Python scalar, a numpy array
+    if not is_jax_array(new):  # a Python scalar, a numpy array
         new = _jnp().asarray(new)
     p = payload(t)
     buf = p.buf
     # the value as the write needs it: t's dtype, broadcast to t's shape, in the frame the write takes
-    frame = buf.shape if p.view is None and buf.numel == _numel(shape) else (
+    frame = buf.shape if p.view is None and buf.numel == math.prod(shape) else (
         views.sizes(p.view) if p.view is not None else shape)
     if new.dtype != want or new.shape != frame:
         new = _conform(new, shape, want, frame)
@@ -207,14 +208,7 @@ def assign(t: torch.Tensor, new: Any) -> None:
     buf.version += 1
 
 
-def _numel(shape: tuple[int, ...]) -> int:
-    n = 1
-    for s in shape:
-        n *= s
-    return n
-
-
-def _is_jax_array(x: Any) -> bool:
+def is_jax_array(x: Any) -> bool:
     return hasattr(x, "aval") and hasattr(x, "dtype")  # a jax.Array or a tracer (ABC isinstance is slower)
 
 
