@@ -26,11 +26,14 @@ def lint(session: nox.Session) -> None:
 
 @nox.session
 def nightly(session: nox.Session) -> None:
-    """What .github/workflows/nightly.yml does, on one machine."""
+    """What .github/workflows/nightly.yml does, on one machine: `nox -s nightly -- [RUN_DIR] [SWEEP OPTIONS]`,
+    e.g. `nox -s nightly -- reports/nightly --shard 3/40` for one shard (compare holds a shard to its own
+    entries only)."""
     _install(session)
     env = {"HF_HUB_OFFLINE": "1"}
-    run_dir = session.posargs[0] if session.posargs else "reports/nightly"
-    session.run("hf-tpu", "sweep", "--zoo", "full", "--out", run_dir, env=env)
+    args = list(session.posargs)
+    run_dir = args.pop(0) if args and not args[0].startswith("-") else "reports/nightly"
+    session.run("hf-tpu", "sweep", "--zoo", "full", "--out", run_dir, *args, env=env)
     # compare first so the dashboard shows each row's class; a regression must not stop the report
     session.run("hf-tpu", "compare", run_dir, env=env, success_codes=[0, 1])
     session.run("hf-tpu", "report", run_dir, env=env)

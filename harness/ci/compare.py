@@ -91,14 +91,18 @@ class Comparison:
         return self.table[self.table["class"] != "PASS"]
 
 
-def compare(run: Run, expected: Expected) -> Comparison:
-    """Classify every (entry, mode) in the union of the run and the expected results."""
+def compare(run: Run, expected: Expected, scope: frozenset[str] | None = None) -> Comparison:
+    """Classify every (entry, mode) in the union of the run and the expected results; with `scope` (the
+    entry ids the run selected, harness.ci.scope), only the expected entries in it."""
     rows: dict[tuple[str, str], dict] = {}
     actual = run.df.set_index(list(schema.KEY))
     swept = set(run.df["mode"])
     # Expected entries in a default mode the run never swept are still MISSING: a nightly that lost its
     # compiled shard must not pass. An opt-in mode (fused) is compared only in runs that swept it.
-    keys = set(actual.index) | {k for k in expected.status if k[1] in schema.DEFAULT_MODES or k[1] in swept}
+    keys = set(actual.index) | {
+        k for k in expected.status
+        if (k[1] in schema.DEFAULT_MODES or k[1] in swept) and (scope is None or k[0] in scope)
+    }
     for key in keys:
         entry_id, mode = key
         exp = expected.status.get(key)

@@ -9,6 +9,7 @@ from harness.ci import expected as exp_mod
 from harness.ci.cli_common import guarded
 from harness.ci.compare import CLASSES, Comparison, compare, write_comparison
 from harness.ci.runs import load_run
+from harness.ci.scope import run_scope
 
 _STYLE = {"FAIL": "bold red", "MISSING": "red", "IMPROVED": "cyan", "NEW": "cyan", "FLAKY": "magenta", "PASS": "green"}
 SHOW_LIMIT = 60  # differences printed to the terminal; the full list is in comparison.csv/md
@@ -29,6 +30,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="exit 0 even if expected entries are MISSING from the run (for runs of part of the zoo)",
     )
     parser.add_argument("--no-write", action="store_true", help="do not write comparison.csv/.md into RUN")
+    parser.add_argument(
+        "--whole-zoo", action="store_true",
+        help="hold the run to every expected entry, not only those its selection (run.json: zoo, shard, "
+             "--match, ...) covers",
+    )
 
 
 def _print(comp: Comparison, run_name: str, expected_dir: Path) -> None:
@@ -64,7 +70,11 @@ def run(args: argparse.Namespace) -> int:
     def go() -> int:
         r = load_run(args.run)
         e = exp_mod.load_expected(args.expected)
-        comp = compare(r, e)
+        scope = None if args.whole_zoo else run_scope(r.path)
+        if scope is not None:
+            print(f"compare: the run selected {len(scope.entry_ids)} entries ({scope.description}); expected "
+                  f"entries outside them are not compared (--whole-zoo to compare all)")
+        comp = compare(r, e, scope=None if scope is None else scope.entry_ids)
         _print(comp, r.name, Path(args.expected))
         if not args.no_write:
             csv_path, md_path = write_comparison(comp, r, Path(args.expected))
