@@ -54,7 +54,7 @@ CONFIGS = {
 def run_config(name: str, zoo: str, extra: list[str], work: Path, caches: dict[str, Path],
                retry_timeouts: bool = False) -> dict:
     modes, jobs, cache = CONFIGS[name]
-    if cache == "cold" or "current" not in caches:
+    if cache == "cold" or "current" not in caches:  # a cold run always starts from a fresh directory
         caches["current"] = Path(tempfile.mkdtemp(prefix="hf-tpu-cache-", dir=work))
     cache_dir = caches["current"]
     out = work / name
@@ -175,6 +175,9 @@ def main() -> int:
     ap.add_argument("--work", default=None, help="keep outputs and caches in this directory")
     ap.add_argument("--configs", default=None, help="comma-separated among " + ", ".join(CONFIGS))
     ap.add_argument("--full-zoo-size", type=int, default=None, help="entries in the full zoo (default: counted)")
+    ap.add_argument("--cache", default=None, metavar="DIR",
+                    help="an existing HF_TPU_CACHE_DIR the warm configurations reuse (e.g. the one a full cold sweep "
+                         "filled), instead of the one this run's cold configuration fills")
     ap.add_argument("--keep", action="store_true", help="keep the sweep outputs and caches")
     ap.add_argument("--json", default=None, help="also write the figures here")
     args = ap.parse_args()
@@ -210,6 +213,10 @@ def main() -> int:
     else:
         work = Path(tempfile.mkdtemp(prefix="sweep-bench-"))
     results, caches = [], {}
+    if args.cache:
+        if not Path(args.cache, "graphs").is_dir():
+            ap.error(f"--cache {args.cache}: no graphs/ inside, not an HF_TPU_CACHE_DIR a sweep has filled")
+        caches["current"] = Path(args.cache).resolve()
     shown = [x if len(x) < 80 else f"<{args.shards or 'regex'}>" for x in extra]
     print(f"sweep benchmark: zoo {args.zoo} {' '.join(shown)}, "
           f"{os.cpu_count()} CPUs, outputs in {work}", flush=True)
