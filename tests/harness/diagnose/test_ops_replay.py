@@ -37,3 +37,25 @@ def test_uninitialised_outputs_are_not_compared() -> None:
     # an op that computes is still compared
     z = replay(OpCall(2, torch.ops.aten.zeros.default, ([3, 2],), {"dtype": torch.int64}, garbage), "tpu", TOL)
     assert not z.skipped and not z.match
+
+
+def test_compiled_graph_replay_gives_lowerings_mutable_lists() -> None:
+    # a compiled graph node's list arguments are FX immutable_lists; torchax's convolution edits its padding
+    # in place, so replaying PaliGemma's patch embedding raised "'immutable_list' object does not support
+    # mutation" and diagnose reported that as the divergence
+    from torch.fx.immutable_collections import immutable_list
+
+    from harness.diagnose.compiled import _to_jax
+    from hf_tpu import lowering
+    from hf_tpu import precision as hp
+    from hf_tpu import tensor as T
+
+    x, w = torch.randn(1, 3, 8, 8), torch.randn(4, 3, 2, 2)
+    args = (x, w, None, immutable_list([2, 2]), immutable_list([0, 0]), immutable_list([1, 1]), False,
+            immutable_list([0, 0]), 1)
+    jargs = _to_jax(args, T)
+    assert all(type(a) is list for a in jargs if isinstance(a, list))
+    with hp.forced("highest"):
+        out = lowering.find(torch.ops.aten.convolution.default)(*jargs)
+    ref = torch.ops.aten.convolution.default(*args)
+    assert torch.allclose(T.to_cpu(out, torch.float32), ref, atol=1e-5)
