@@ -614,7 +614,18 @@ def _view_as_complex(src: torch.Tensor) -> torch.Tensor:
     return T.wrap(v[..., 0] + 1j * v[..., 1])
 
 
+def _conj(src: torch.Tensor) -> torch.Tensor:
+    # PyTorch's conjugate view is an alias with the conjugate bit set; its C++ fallback then resolves the bit by
+    # copying into an empty_like of the tpu tensor, which recursed until the stack overflowed (and a plain view
+    # of ours, without the bit, read unconjugated: Autoformer's FFT autocorrelation in the full-zoo sweep). As
+    # for view_as_real, tpu gives a conjugated copy: the values are right, but a write through `x.conj()` does
+    # not reach `x` (models only read it). The negative view likewise.
+    return dispatch(aten._conj_physical.default, (src,), {})
+
+
 SPECIAL: dict[Any, Callable[..., Any]] = {
+    aten._conj.default: _conj,
+    aten._neg_view.default: lambda src: dispatch(aten.neg.default, (src,), {}),
     aten.view_as_real.default: _view_as_real,
     aten.view_as_complex.default: _view_as_complex,
     aten.empty.memory_format: _empty,

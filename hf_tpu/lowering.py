@@ -17,7 +17,7 @@ Hand-written lowerings (torchax 0.0.13 has none for these):
                         and views them as the dtype)
   linalg_cholesky_ex -> jnp.linalg.cholesky plus a real `info` (torchax's is always 0, so a matrix that is
                         not positive definite passed `constraints.positive_definite` and gave NaN samples)
-  eye, range, searchsorted, fused LSTM/GRU cells: lowering_ops.py
+  eye, range, searchsorted, fused LSTM/GRU cells, _embedding_bag: lowering_ops.py
 """
 
 from __future__ import annotations

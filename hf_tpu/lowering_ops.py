@@ -8,6 +8,9 @@ has a usable one:
                            (torchax's takes only 1-D sequences and no keywords)
   _thnn_fused_lstm_cell, _thnn_fused_gru_cell and their backward kernels: PyTorch runs nn.LSTM/GRU(Cell)
                            through these CUDA-only fused kernels on every PrivateUse1 device
+  _embedding_bag(_forward_only) -> segment sums over the bags. torchax's ignores per_sample_weights (Kimi
+                           K2.5's bicubic position interpolation came out wrong in eager) and walks the
+                           offsets in numpy (a tracer error in compiled graphs)
 """
 
 from __future__ import annotations
@@ -136,7 +139,50 @@ def _gru_cell_backward(grad_hy: Any, workspace: Any, has_bias: bool) -> tuple[An
     return gi, gh, grad_hy * z, gi.sum(axis=0), gh.sum(axis=0)
 
 
+def _embedding_bag(weight: Any, indices: Any, offsets: Any, scale_grad_by_freq: bool = False, mode: int = 0,
+                   sparse: bool = False, per_sample_weights: Any = None, include_last_offset: bool = False,
+                   padding_idx: int = -1, *, _forward_only: bool = False) -> tuple:
+    """(output, offset2bag, bag_size, max_indices) with the shapes CPU's kernel gives (the last three only feed
+    its backward). Bags are segments of `indices` starting at `offsets`; every shape is static, so this traces."""
+    import jax
+
+    jnp = _jnp()
+    n = indices.shape[0]
+    bags = offsets.shape[0] - (1 if include_last_offset else 0)
+    starts = offsets[:bags]
+    # the bag of each index; the last bag runs to the end (CPU's kernel does not bound it by a last offset)
+    bag_of = jnp.searchsorted(starts, jnp.arange(n), side="right") - 1
+    valid = indices != padding_idx if padding_idx >= 0 else jnp.ones((n,), bool)
+    valid = valid & (bag_of >= 0)
+    seg = jnp.where(valid, bag_of, bags)  # an extra segment collects what no bag counts (padding)
+    rows = weight[indices]
+    if per_sample_weights is not None:
+        rows = rows * per_sample_weights[:, None].astype(rows.dtype)
+    count = jax.ops.segment_sum(valid.astype(jnp.int64), seg, num_segments=bags + 1)[:bags]
+    # sum mode's unused outputs: CPU's two kernels size them differently with include_last_offset
+    zeros_b = jnp.zeros((offsets.shape[0] if _forward_only else bags,), jnp.int64)
+    offset2bag = bag_of.astype(jnp.int64) if (mode != 0 or padding_idx >= 0) else jnp.zeros((0,), jnp.int64)
+    if mode == 2:  # max
+        rows = jnp.where(valid[:, None], rows, -jnp.inf)
+        out = jax.ops.segment_max(rows, seg, num_segments=bags + 1)[:bags]
+        out = jnp.where(count[:, None] > 0, out, 0).astype(weight.dtype)
+        # the weight row holding each maximum (the first position, as CPU's loop keeps the first)
+        hit = rows == jnp.concatenate([out, jnp.zeros((1, out.shape[1]), out.dtype)])[seg]
+        first = jax.ops.segment_min(jnp.where(hit & valid[:, None], jnp.arange(n)[:, None], n), seg,
+                                    num_segments=bags + 1)[:bags]
+        max_idx = jnp.where(first < n, indices[jnp.minimum(first, n - 1)], 0).astype(jnp.int64)
+        return out, offset2bag, count, max_idx
+    rows = jnp.where(valid[:, None], rows, 0)
+    out = jax.ops.segment_sum(rows, seg, num_segments=bags + 1)[:bags]
+    if mode == 1:  # mean
+        out = out / jnp.maximum(count, 1)[:, None].astype(out.dtype)
+        return out.astype(weight.dtype), offset2bag, count, count
+    return out.astype(weight.dtype), offset2bag, zeros_b, zeros_b
+
+
 OP_LOWERINGS: dict[Any, Any] = {
+    aten._embedding_bag.default: _embedding_bag,
+    aten._embedding_bag_forward_only.default: lambda *a, **k: _embedding_bag(*a, **k, _forward_only=True),
     aten.eye.default: _eye,
     aten.eye.m: _eye,
     aten.range.default: _range,

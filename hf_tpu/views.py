@@ -72,6 +72,8 @@ def _fold(step1: Step, step2: Step) -> Step | None:
     stay inside the group: then no position carries between groups and the composition is affine."""
     sizes1, strides1, off1 = step1
     sizes2, strides2, off2 = step2
+    if 0 in sizes1 or 0 in sizes2:
+        return None  # an empty frame has zero frame strides (no digits to take); the chain reads nothing anyway
     groups: list[list[int]] = []  # [size, buffer stride, frame stride]
     frame = _contiguous_strides(sizes1)
     for n, s, f in zip(sizes1, strides1, frame, strict=True):

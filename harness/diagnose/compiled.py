@@ -185,7 +185,11 @@ def _to_jax(obj: Any, T) -> Any:
         return T.from_cpu(obj)
     if isinstance(obj, dict):
         return {k: _to_jax(v, T) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
+    if isinstance(obj, list):
+        # a plain list, not the FX node's immutable_list: some lowerings edit their list arguments in place
+        # (torchax's convolution its padding), which immutable_list refuses with a TypeError
+        return [_to_jax(v, T) for v in obj]
+    if isinstance(obj, tuple):
         return type(obj)(_to_jax(v, T) for v in obj)
     return obj
 

@@ -150,8 +150,10 @@ def compare(name: str, ref: torch.Tensor, res: torch.Tensor, fp64: torch.Tensor 
         err = 0.0 if ok else float((ref.double() - res.double()).abs().max())
         return TensorDiff(name, ok, err, err, reason="" if ok else f"{name}: integer values differ (max {err:g})")
     if ref.is_complex():
-        ref, res = torch.view_as_real(ref), torch.view_as_real(res.to(ref.dtype))
-        fp64 = torch.view_as_real(fp64) if fp64 is not None and fp64.is_complex() else None
+        # resolve_conj: view_as_real refuses a lazily conjugated tensor (what `x.conj()` returns, e.g. in
+        # Autoformer's FFT autocorrelation)
+        ref, res = torch.view_as_real(ref.resolve_conj()), torch.view_as_real(res.to(ref.dtype).resolve_conj())
+        fp64 = torch.view_as_real(fp64.resolve_conj()) if fp64 is not None and fp64.is_complex() else None
     if fp64 is not None and (tuple(fp64.shape) != tuple(ref.shape) or not fp64.is_floating_point()):
         fp64 = None
     ok, m, reason = numerics.compare_tensor(name, ref, res.to(ref.dtype), fp64, tol)
@@ -215,6 +217,9 @@ class ModuleStack:
 
 
 _SKIP_REPLAY = {"aten::detach.default", "aten::lift_fresh.default", "aten::_local_scalar_dense.default"}
+# ops whose output is uninitialised memory: any two runs differ, so comparing them locates nothing (an
+# `empty` that a model then fills was once reported as the op that diverged)
+_UNINITIALISED = {"empty", "empty_like", "empty_strided", "empty_permuted", "new_empty", "new_empty_strided"}
 
 
 class RecordOps(TorchDispatchMode):
@@ -276,6 +281,8 @@ def replay(call: OpCall, device: str, tol: Tolerance) -> OpResult:
     name = call.name
     if name in _SKIP_REPLAY or _is_random(call.op):
         return OpResult(call, skipped="random or bookkeeping op")
+    if call.op._schema.name.split("::")[-1] in _UNINITIALISED:
+        return OpResult(call, skipped="uninitialised output")
     if not flat_tensors(call.out):
         return OpResult(call, skipped="no tensor output")
     try:

@@ -16,7 +16,10 @@ class MergeError(ValueError):
     pass
 
 
-def merge_frames(frames: list, names: list[str]):
+def merge_frames(frames: list, names: list[str], later_wins: bool = False):
+    """The union of the frames' rows. An (entry_id, mode) in several frames must have the same result in each
+    (shards that overlap), unless `later_wins`: then the row of the last frame holding it is kept (a partial
+    re-run given after the sweep it corrects)."""
     import pandas as pd
 
     if not frames:
@@ -27,6 +30,8 @@ def merge_frames(frames: list, names: list[str]):
         d["_source"] = name
         tagged.append(d)
     all_rows = pd.concat(tagged, ignore_index=True)
+    if later_wins:
+        all_rows = all_rows.drop_duplicates(list(KEY), keep="last")
     dup = all_rows[all_rows.duplicated(list(KEY), keep=False)]
     if not dup.empty:
         stable = [c for c in all_rows.columns if c not in _VOLATILE and c != "_source"]
@@ -39,7 +44,7 @@ def merge_frames(frames: list, names: list[str]):
     return to_frame(all_rows.drop(columns="_source").to_dict("records"))
 
 
-def merge_runs(run_dirs: list[str | Path], out: str | Path) -> tuple[object, dict]:
+def merge_runs(run_dirs: list[str | Path], out: str | Path, later_wins: bool = False) -> tuple[object, dict]:
     frames, names, metas = [], [], []
     for d in run_dirs:
         d = Path(d)
@@ -49,12 +54,13 @@ def merge_runs(run_dirs: list[str | Path], out: str | Path) -> tuple[object, dic
             raise MergeError(str(exc)) from None
         names.append(str(d))
         metas.append(ResultStore(d).read_run() or {})
-    df = merge_frames(frames, names)
+    df = merge_frames(frames, names, later_wins)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     paths = outputs.write_reports(df, out, title=f"merge of {len(run_dirs)} runs")
     shards = sorted(tuple(m.get("selection", {}).get("shard", [1, 1])) for m in metas)
     meta = {"run_id": out.name, "merged_from": [str(d) for d in run_dirs], "shards": shards, "finished": utc_now(),
+            "later_wins": later_wins,
             "selection": {k: v for k, v in (metas[0].get("selection") or {}).items() if k != "shard"},
             "headline": {k: v for k, v in outputs.headline(df).items() if k not in ("statuses", "excluded")}}
     n = {s[1] for s in shards}

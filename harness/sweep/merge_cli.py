@@ -10,6 +10,9 @@ from pathlib import Path
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("runs", nargs="+", metavar="RUN_DIR", help="sweep output directories (shards)")
     p.add_argument("--out", default=None, help="merged output directory (default reports/merged-<time>)")
+    p.add_argument("--later-wins", action="store_true",
+                   help="where runs disagree on an (entry, mode), keep the row of the run given last (a partial "
+                        "re-run, e.g. `sweep --match`, given after the sweep it corrects); without it that is an error")
 
 
 def run(args) -> int:
@@ -29,7 +32,7 @@ def run(args) -> int:
         print(f"hf-tpu merge: error: cannot write {out}: {exc.strerror or exc}", file=sys.stderr)
         return 2
     try:
-        df, paths = merge_runs(args.runs, out)
+        df, paths = merge_runs(args.runs, out, later_wins=args.later_wins)
     except MergeError as exc:
         print(f"hf-tpu merge: error: {exc}", file=sys.stderr)
         return 2

@@ -96,8 +96,10 @@ def run_entry(entry, modes: tuple[str, ...], opts: SweepOptions, device: Device,
     try:
         with torch.no_grad():
             torch.manual_seed(opts.seed)
-            bmodel = prepare_model(built.model, base_dev, dtype if low_precision else None, rebuild) if (
-                base_dev or low_precision) else built.model
+            # a copy even on CPU: a model may keep state from its first forward as a plain attribute (Mimi's
+            # codebook caches `_embed`), which `.to("tpu")` would not move; every run starts from the pristine
+            # built model, as a user's freshly loaded one does
+            bmodel = prepare_model(built.model, base_dev, dtype if low_precision else None, rebuild)
             with emulate.matmul_precision(opts.precision if base_dev is None else "highest"):
                 # the baseline at the backend's matmul precision: the fp64 rule stays precision-aware
                 ref = to_cpu(output_tensors(call(bmodel, prepare_inputs(built.inputs, base_dev,

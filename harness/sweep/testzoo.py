@@ -14,6 +14,8 @@ runs and the status is the backend's:
     baseline    raises on the CPU baseline too: `baseline_fail`
     missing     cannot be built: `not_available`
     slow        a `pass` that takes ~0.4 s (for kill/resume tests)
+    stateful    caches a tensor derived from its weights as a plain attribute at its first forward (as
+                Transformers' Mimi codebook does with `_embed`): `pass` if every run gets a fresh copy
     opaque      calls a custom op without a fake (meta) kernel: Dynamo cannot trace it for any backend, so it
                 is `compile_fail` with cause `upstream` (aot_eager on CPU fails too); `compile` is the
                 `cause=backend` case (only the backend refuses it)
@@ -32,12 +34,13 @@ from typing import Any
 
 from harness.zoo.entry import ZooEntry
 
-KINDS = ("pass", "raise", "compile", "abort", "sleep", "oom", "perturb", "baseline", "missing", "slow", "opaque")
+KINDS = ("pass", "raise", "compile", "abort", "sleep", "oom", "perturb", "baseline", "missing", "slow", "opaque",
+         "stateful")
 DEFAULT_SET = ("pass", "raise", "compile", "abort", "sleep", "oom", "perturb", "baseline", "missing")
 EXPECTED_STATUS = {
     "pass": "pass", "raise": "fail_to_run", "compile": "compile_fail", "abort": "crash", "sleep": "timeout",
     "oom": "oom", "perturb": "fail_accuracy", "baseline": "baseline_fail", "missing": "not_available",
-    "slow": "pass", "opaque": "compile_fail",
+    "slow": "pass", "opaque": "compile_fail", "stateful": "pass",
 }
 _SPEC_RE = re.compile(r"^([a-z]+)(?:\*(\d+))?$")
 
@@ -88,6 +91,7 @@ def _make_model(kind: str):
             super().__init__()
             self.fc1 = nn.Linear(16, 32)
             self.fc2 = nn.Linear(32, 8)
+            self._cache = None  # "stateful": not a buffer, so `.to()` does not move it
 
         def forward(self, x):
             h = torch.nn.functional.gelu(self.fc1(x))
@@ -96,6 +100,10 @@ def _make_model(kind: str):
             if kind == "opaque":
                 h = _opaque_op()(h)
             out = self.fc2(h)
+            if kind == "stateful":
+                if self._cache is None:
+                    self._cache = self.fc2.bias * 0.5
+                out = out + self._cache
             backend = on_backend(x)
             if kind == "raise" and backend:
                 exc = NotImplementedError("no lowering for aten::foo.default on tpu")

@@ -93,3 +93,35 @@ def test_lstm_cell_compiled(highest) -> None:
         got = torch.compile(copy.deepcopy(m).to("tpu"), backend="tpu")(x.to("tpu"))
     for g, w in zip(got, want, strict=True):
         torch.testing.assert_close(g.cpu(), w, atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("forward_only", [False, True])
+def test_embedding_bag_like_cpu(forward_only):
+    # torchax's lowering ignored per_sample_weights (Kimi K2.5's position interpolation was wrong in eager in the
+    # full-zoo sweep) and walked the offsets in numpy (a tracer error when compiled)
+    import itertools
+
+    op = torch.ops.aten._embedding_bag_forward_only.default if forward_only else torch.ops.aten._embedding_bag.default
+    torch.manual_seed(0)
+    w, i = torch.randn(10, 3), torch.tensor([1, 2, 4, 5, 4, 3, 2, 9])
+    cases = ((torch.tensor([0, 4, 4, 6]), False), (torch.tensor([0, 4, 4, 6, 8]), True))
+    for mode, psw, pad, (o, last) in itertools.product((0, 1, 2), (False, True), (-1, 4), cases):
+        if psw and mode != 0:
+            continue  # CPU allows per-sample weights in sum mode only
+        p = torch.rand(8) if psw else None
+        ref = op(w, i, o, False, mode, False, p, last, pad)
+        got = op(w.to("tpu"), i.to("tpu"), o.to("tpu"), False, mode, False, None if p is None else p.to("tpu"),
+                 last, pad)
+        for k, (a, b) in enumerate(zip(ref, got, strict=True)):
+            b = b.cpu()
+            assert a.shape == b.shape, (mode, psw, pad, last, k)
+            close = torch.allclose(a, b, atol=1e-6) if a.is_floating_point() else torch.equal(a, b)
+            assert close, (mode, psw, pad, last, k, a, b)
+
+
+def test_embedding_bag_with_weights_compiles():
+    x, w, ps = torch.randint(0, 10, (4, 3)), torch.randn(10, 3), torch.rand(4, 3)
+    ref = torch.nn.functional.embedding_bag(x, w, per_sample_weights=ps, mode="sum")
+    f = torch.compile(lambda x, w, ps: torch.nn.functional.embedding_bag(x, w, per_sample_weights=ps, mode="sum"),
+                      backend="tpu")
+    assert torch.allclose(f(x.to("tpu"), w.to("tpu"), ps.to("tpu")).cpu(), ref, atol=1e-6)

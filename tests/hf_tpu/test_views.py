@@ -279,6 +279,23 @@ def test_degenerate_shapes(shape):
         assert torch.equal(f(t).cpu(), f(c))
 
 
+def test_views_of_empty_tensors_like_cpu():
+    # A view of a view with a zero-size dim used to divide by the empty frame's zero stride (GLM-5-Next's
+    # rope head of width 0 in the full-zoo sweep: ZeroDivisionError in eager).
+    c = torch.zeros(2, 0, 4)
+    t = c.to("tpu")
+    chains = (lambda x: x.transpose(0, 2).reshape(4, 0, 2), lambda x: x.view(2, 0, 2, 2).view(2, 1, 0, 4),
+              lambda x: x[:, :, 1:3].view(2, 0, 2), lambda x: x.unsqueeze(1).view(2, 1, 1, 0, 4),
+              lambda x: x.permute(1, 0, 2).reshape(0, 8).t())
+    for f in chains:
+        assert f(t).shape == f(c).shape and torch.equal((f(t) + 1).cpu(), f(c) + 1)
+        f(t).add_(1)  # writes through an empty chain are no-ops, as on CPU
+    w_c, w_t = torch.ones(3, 4), torch.ones(3, 4, device="tpu")
+    for w in (w_c, w_t):
+        w[1:1].view(0, 2, 2).mul_(5)
+    assert torch.equal(w_t.cpu(), w_c)
+
+
 @pytest.mark.parametrize("name,f", [
     ("transpose_", lambda x: x.transpose_(0, 1)),
     ("t_", lambda x: x.t_()),

@@ -56,6 +56,17 @@ def test_merge_frames_and_conflicts():
         merge_frames([s1, to_frame([_row("a", status="crash")])], ["s1", "s4"])
 
 
+def test_merge_later_wins_takes_a_rerun_over_the_sweep():
+    sweep = to_frame([_row("a", status="fail_to_run"), _row("a", mode="compiled"), _row("b")])
+    rerun = to_frame([_row("a", status="pass")])
+    m = merge_frames([sweep, rerun], ["sweep", "rerun"], later_wins=True)
+    got = {(r.entry_id, r.mode): r.status for r in m.itertuples()}
+    assert got == {("a", "eager"): "pass", ("a", "compiled"): "pass", ("b", "eager"): "pass"}
+    # the order given decides: the sweep given last wins back
+    m = merge_frames([rerun, sweep], ["rerun", "sweep"], later_wins=True)
+    assert {(r.entry_id, r.mode): r.status for r in m.itertuples()}[("a", "eager")] == "fail_to_run"
+
+
 def test_run_json(tmp_path):
     store = ResultStore(tmp_path)
     store.write_run({"x": 1})

@@ -75,6 +75,22 @@ def test_compiled_pipeline_compiles_its_denoiser_and_matches_cpu(tmp_path):
     assert row["compilations"] >= 1 and row["graph_breaks"] == 0
 
 
+def test_state_from_the_baseline_run_does_not_reach_the_device_runs(tmp_path):
+    """A model that caches a weight-derived tensor as a plain attribute at its first forward (Transformers'
+    Mimi codebook) ran its CPU baseline on the built model itself, so the tpu copies inherited a CPU tensor
+    that `.to("tpu")` does not move: "X1 and X2 must have the same device type" in the full-zoo sweep."""
+    from harness.sweep.options import SweepOptions
+
+    (entry,) = testzoo.parse_spec("test:stateful")
+    opts = SweepOptions(zoo="test:stateful", device="tpu", out=str(tmp_path / "run"), run_id="t", timeout=300,
+                        memory_cap_gb=4, progress="none", repeats=1, precision="highest")
+    events = []
+    run_entry(entry, ("eager", "compiled"), opts, get_device("tpu"), lambda k, p: events.append((k, p)))
+    rows = {p["mode"]: p for k, p in events if k == "row"}
+    assert rows["eager"]["status"] == "pass", rows["eager"]
+    assert rows["compiled"]["status"] == "pass", rows["compiled"]
+
+
 def test_compile_for_sweep_leaves_plain_calls_whole():
     import torch
 
