@@ -8,6 +8,9 @@ has a usable one:
                            (torchax's takes only 1-D sequences and no keywords)
   _thnn_fused_lstm_cell, _thnn_fused_gru_cell and their backward kernels: PyTorch runs nn.LSTM/GRU(Cell)
                            through these CUDA-only fused kernels on every PrivateUse1 device
+  repeat_interleave.Tensor -> jnp.repeat with total_repeat_length=output_size when the caller gives it, so a
+                           compiled graph traces (torchax's always needs concrete repeats: Kimi K2.5's
+                           vision tower passes output_size and failed with a ConcretizationTypeError)
   _embedding_bag(_forward_only) -> segment sums over the bags. torchax's ignores per_sample_weights (Kimi
                            K2.5's bicubic position interpolation came out wrong in eager) and walks the
                            offsets in numpy (a tracer error in compiled graphs)
@@ -180,7 +183,13 @@ def _embedding_bag(weight: Any, indices: Any, offsets: Any, scale_grad_by_freq: 
     return out.astype(weight.dtype), offset2bag, zeros_b, zeros_b
 
 
+def _repeat_interleave(repeats: Any, *, output_size: int | None = None) -> Any:
+    jnp = _jnp()
+    return jnp.repeat(jnp.arange(repeats.shape[0]), repeats, total_repeat_length=output_size)
+
+
 OP_LOWERINGS: dict[Any, Any] = {
+    aten.repeat_interleave.Tensor: _repeat_interleave,
     aten._embedding_bag.default: _embedding_bag,
     aten._embedding_bag_forward_only.default: lambda *a, **k: _embedding_bag(*a, **k, _forward_only=True),
     aten.eye.default: _eye,

@@ -125,3 +125,15 @@ def test_embedding_bag_with_weights_compiles():
     f = torch.compile(lambda x, w, ps: torch.nn.functional.embedding_bag(x, w, per_sample_weights=ps, mode="sum"),
                       backend="tpu")
     assert torch.allclose(f(x.to("tpu"), w.to("tpu"), ps.to("tpu")).cpu(), ref, atol=1e-6)
+
+
+def test_repeat_interleave_with_output_size_compiles():
+    # Kimi K2.5's vision tower: repeat_interleave(arange, counts, output_size=n) in a compiled graph
+    counts = torch.tensor([2, 0, 3])
+
+    def f(c):
+        return torch.repeat_interleave(torch.arange(3, device=c.device), c, output_size=5) * 2
+
+    ref = f(counts)
+    assert torch.equal(f(counts.to("tpu")).cpu(), ref)  # eager
+    assert torch.equal(torch.compile(f, backend="tpu", fullgraph=True)(counts.to("tpu")).cpu(), ref)
