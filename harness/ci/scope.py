@@ -53,7 +53,7 @@ def run_scope(run_dir: str | Path) -> Scope | None:
         shards = [tuple(s) for s in meta.get("shards") or [(1, 1)]]
     else:
         shards = [tuple(sel.get("shard") or (1, 1))]
-    from harness.sweep.entries import SelectionError, load_entries
+    from harness.sweep.entries import SelectionError, load_entries, shard
     from harness.sweep.options import SweepOptions
 
     fields = {k: sel.get(k) for k in ("zoo", "library", "task", "match", "limit") if sel.get(k) is not None}
@@ -61,8 +61,10 @@ def run_scope(run_dir: str | Path) -> Scope | None:
         fields["hub_layers"] = sel["hub_layers"]
     ids: set[str] = set()
     try:
-        for shard in shards:
-            ids |= {e.id for e in load_entries(SweepOptions(**fields, shard=(int(shard[0]), int(shard[1]))))}
+        # the zoo is listed once (with the limit applied), then cut into each shard as the sweep does
+        selected = load_entries(SweepOptions(**fields))
+        for i, n in shards:
+            ids |= {e.id for e in shard(selected, (int(i), int(n)))}
     except (SelectionError, OSError, TypeError, ValueError) as exc:
         warnings.warn(f"cannot list the entries {meta_path} selected ({exc}): comparing with every expected "
                       f"entry", stacklevel=2)
