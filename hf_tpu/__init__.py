@@ -31,8 +31,11 @@ __all__ = [
 
 # HF_TPU_DISABLE=1 keeps the stand-in off even when this package is imported (the torch.backends entry
 # point imports it too, so checking only in _autoload.py would not be enough).
-if _os.environ.get("HF_TPU_DISABLE") != "1" and not _device.is_registered() and not _device.real_torch_tpu_present():
-    _device.register()
+if _os.environ.get("HF_TPU_DISABLE") != "1" and not _device.real_torch_tpu_present():
+    # With `import hf_tpu` before `import torch`, torch's autoload (hf_tpu/_autoload.py) registers the device
+    # while this module is still importing: the cache must be installed whichever of the two registered.
+    if not _device.is_registered():
+        _device.register()
     from hf_tpu import compile_cache as _compile_cache
 
     _compile_cache.install()  # torch.compile(..., backend="tpu") through the graph cache (compile_cache/)

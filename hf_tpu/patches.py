@@ -16,6 +16,7 @@ right after the module's own code has run (or at once, if it is already imported
   transformers.modeling_utils    safe_open, load_state_dict          (patch "checkpoint_file_errors")
   transformers.core_model_loading  _materialize_copy                 (patch "tpu_direct_materialize")
   transformers.pytorch_utils     id_tensor_storage                   (patch "tpu_storage_identity")
+  transformers.utils.output_capturing  _CanRecordRegistry.get        (patch "tpu_output_capture_guards")
   torch                          Generator                           (patch "tpu_generator_error")
   torch                          Tensor.__deepcopy__                 (patch "tpu_deepcopy")
   torch                          _TorchCompileInductorWrapper        (patch "tpu_default_compile")
@@ -592,12 +593,40 @@ def _graph_on_tpu(gm: Any, example_inputs: Any) -> bool:
     return any(t.device.type == "tpu" for t in tensors)
 
 
+def _patch_output_capture_registry(mod: Any) -> None:
+    """Upstream: `output_capturing._CAN_RECORD_REGISTRY` is one process-wide dict (a dict subclass) of the
+    `_can_record_outputs` of every model class built so far, and a compiled forward looks its own class up
+    in it. Dynamo guards that dict's whole key order, so a graph saved by the compile cache only loads in a
+    process that built the same model classes in the same order: in a sweep worker (many models per
+    process) two saved graphs in five failed to load with "IndexError: list index out of range" and were
+    compiled again. The registry's value for a model is its class's `_can_record_outputs` (set in
+    `PreTrainedModel.__init__`), so under compile it is read from the class, which the graph already
+    depends on; eager keeps upstream's lookup."""
+    registry = getattr(mod, "_CanRecordRegistry", None)
+    if registry is None or getattr(registry.get, "_hf_tpu_patched", False):
+        return
+    orig = registry.get
+
+    @functools.wraps(orig)
+    def get(self: Any, model: Any) -> dict:
+        import torch
+
+        if torch.compiler.is_compiling():
+            return getattr(type(model), "_can_record_outputs", None) or {}
+        return orig(self, model)
+
+    get._hf_tpu_patched = True  # type: ignore[attr-defined]
+    registry.get = get
+    _mark("tpu_output_capture_guards")
+
+
 # ------------------------------------------------------------------------------------------ the import hook
 _TARGETS: dict[str, list[Callable[[Any], None]]] = {
     "accelerate.utils.modeling": [_patch_accelerate_max_memory],
     "transformers.modeling_utils": [_patch_device_map_check, _patch_allocator_warmup, _patch_checkpoint_errors],
     "transformers.core_model_loading": [_patch_materialize_to_tpu],
     "transformers.pytorch_utils": [_patch_storage_identity],
+    "transformers.utils.output_capturing": [_patch_output_capture_registry],
 }
 
 

@@ -45,6 +45,17 @@ def test_hit_skips_dynamo_transformers_model(tmp_path: Path) -> None:
         assert r["max_err"] < TOL and r["again_err"] < TOL
 
 
+def test_graph_saved_after_other_models_loads_in_a_fresh_process(tmp_path: Path) -> None:
+    # Transformers keeps a process-wide registry of every model class built; a graph guarded on its keys
+    # (as Dynamo does unpatched) failed to load in a process that had built other classes, or none
+    cold = run(tmp_path, "llama", CHILD_PREBUILD="Mistral,Qwen2")
+    assert cold["tiers"]["saved"] == 1
+    warm = run(tmp_path, "llama")
+    assert warm["tiers"]["host"]["hits"] == 1 and warm["traces"] == 0, warm
+    assert not warm["warnings"], warm["warnings"]
+    assert warm["max_err"] < TOL and warm["again_err"] < TOL
+
+
 def test_guard_miss_falls_back_and_stays_correct(tmp_path: Path) -> None:
     run(tmp_path, CHILD_SCALE="1.0")
     # same key (a plain attribute is not part of it), but the saved guard on `scale` fails
