@@ -101,7 +101,12 @@ def _config_digest(config: Any) -> str:
         if hasattr(config, "to_json_string"):
             text = config.to_json_string(use_diff=False)
         else:
-            text = json.dumps(dict(config), sort_keys=True, default=repr)
+            d = dict(config)
+            # Diffusers lists the defaulted arguments from a set: its order changes with the process's hash
+            # seed, and so did every Diffusers model's key (its denoisers never hit in a new process)
+            if isinstance(d.get("_use_default_values"), list | tuple):
+                d["_use_default_values"] = sorted(map(str, d["_use_default_values"]))
+            text = json.dumps(d, sort_keys=True, default=repr)
     except Exception:  # noqa: BLE001 - an odd config still gets a key, its repr
         text = repr(config)
     return hashlib.sha256(text.encode()).hexdigest()[:16]

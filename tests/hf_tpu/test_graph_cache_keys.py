@@ -122,3 +122,25 @@ def test_cache_dirs_follow_the_environment(tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("HF_TPU_GRAPH_CACHE_DIR", str(tmp_path / "g"))
     monkeypatch.setenv("HF_TPU_SHARED_CACHE_DIR", str(tmp_path / "s"))
     assert runtime.graph_cache_dir() == tmp_path / "g" and runtime.shared_cache_dir() == tmp_path / "s"
+
+
+def test_diffusers_config_key_does_not_depend_on_the_hash_seed() -> None:
+    # Diffusers records the defaulted arguments in a list made from a set: its order follows the process's
+    # hash seed, and the key with it (Diffusers denoisers never hit in a new process)
+    import os
+    import subprocess
+    import sys
+
+    code = ("import hf_tpu\nfrom diffusers import UNet2DModel\nfrom hf_tpu.compile_cache import keys\n"
+            "m = UNet2DModel(sample_size=8, block_out_channels=(8, 16), norm_num_groups=4, layers_per_block=1,"
+            " down_block_types=('DownBlock2D', 'DownBlock2D'), up_block_types=('UpBlock2D', 'UpBlock2D'))\n"
+            "print(len(m.config['_use_default_values']), keys._config_digest(m.config))")
+    out = set()
+    for seed in ("1", "2", "3"):
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                           env={**os.environ, "PYTHONHASHSEED": seed})
+        assert r.returncode == 0, r.stderr[-2000:]
+        n, digest = r.stdout.split()[-2:]
+        assert int(n) > 2  # enough defaulted arguments for the order to vary
+        out.add(digest)
+    assert len(out) == 1, out
