@@ -31,8 +31,7 @@ def stats() -> dict[str, Any]:
     """Graphs captured, XLA compilations (jit traces), persistent-cache hits and misses, Dynamo graph
     breaks, and seconds spent in AOTAutograd (`aot_s`) and in tracing plus XLA compilation (`xla_s`).
     `tiers`: hits and misses of the graph cache per tier (memory, host, shared; compile_cache/) and of
-    JAX's persistent XLA cache (`xla`, eager per-op programs included), and `programs`: the disk tier of
-    eager per-op executables (compile_cache/programs.py: hits, misses, saved, corrupt, unkeyed)."""
+    JAX's persistent XLA cache (`xla`, eager per-op programs included)."""
     from torch._dynamo.utils import counters
 
     with _stats_lock:
@@ -40,10 +39,8 @@ def stats() -> dict[str, Any]:
         out.update({k: round(v, 4) for k, v in _times.items()})
     out["graph_breaks"] = sum(counters["graph_break"].values())
     from hf_tpu import compile_cache
-    from hf_tpu.compile_cache import programs
 
-    out["tiers"] = {**compile_cache.stats(), "xla": {"hits": out["cache_hits"], "misses": out["cache_misses"]},
-                    "programs": programs.stats()}
+    out["tiers"] = {**compile_cache.stats(), "xla": {"hits": out["cache_hits"], "misses": out["cache_misses"]}}
     return out
 
 
@@ -57,10 +54,8 @@ def reset_stats() -> None:
             _times[k] = 0.0
     counters["graph_break"].clear()
     from hf_tpu import compile_cache
-    from hf_tpu.compile_cache import programs
 
     compile_cache.reset_stats()
-    programs.reset_stats()
 
 
 _times = {"aot_s": 0.0, "xla_s": 0.0}

@@ -273,8 +273,7 @@ class _Plan:
 
     def _whole(self) -> Callable[[list[Any]], Any]:
         """The plan as one function of its arrays (promotion, program, cast): a fused-mode node."""
-        # traced inside the fused program: the jitted function, not a disk-tier executable (programs.py)
-        program, promote_to, cast_to = getattr(self.program, "jitted", self.program), self.promote_to, self.cast_to
+        program, promote_to, cast_to = self.program, self.promote_to, self.cast_to
 
         def whole(arrays: list[Any]) -> Any:
             if promote_to is not None:

@@ -87,7 +87,7 @@ def call_with_program(op: Any, fn: Callable[..., Any], args: tuple, kwargs: dict
     except TypeError:  # an unhashable static argument
         return _run_plain(fn, args, kwargs), None
     if prog is None:
-        prog = _programs[key] = _build(fn, sk_args, sk_kwargs, key)
+        prog = _programs[key] = _build(fn, sk_args, sk_kwargs)
     try:
         return prog(*arrays), prog
     except (*tracer_errors(), Untraceable):
@@ -113,9 +113,8 @@ class _OperandSlot:
     """Marks where a view goes back in: (_OperandSlot, key) reads it from its buffer inside the program."""
 
 
-def _build(fn: Callable[..., Any], sk_args: tuple, sk_kwargs: tuple, key: tuple | None = None) -> Callable[..., Any]:
+def _build(fn: Callable[..., Any], sk_args: tuple, sk_kwargs: tuple) -> Callable[..., Any]:
     from hf_tpu import runtime
-    from hf_tpu.compile_cache import programs
 
     def fill(x: Any, it: Any) -> Any:
         if x is _Slot:
@@ -135,13 +134,7 @@ def _build(fn: Callable[..., Any], sk_args: tuple, sk_kwargs: tuple, key: tuple 
         k = {name: fill(v, it) for name, v in sk_kwargs}
         return fn(*a, **k)
 
-    jitted = runtime.jax().jit(program)
-    if key is not None and programs.enabled():
-        # a warm new process loads the executable instead of tracing and lowering the op (programs.py)
-        base = programs.base_key("eager-op", *key)
-        if base is not None:
-            return programs.DiskProgram(jitted, base)
-    return jitted
+    return runtime.jax().jit(program)
 
 
 @functools.cache

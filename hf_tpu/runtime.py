@@ -38,14 +38,6 @@ def graph_cache_dir() -> Path:
     return _user_cache() / "graphs"
 
 
-def program_cache_dir() -> Path:
-    """The host tier of eager per-op executables (compile_cache/programs.py): `programs/` inside
-    $HF_TPU_CACHE_DIR when that is set, else ~/.cache/hf_tpu/programs next to the XLA cache."""
-    if os.environ.get(CACHE_ENV):
-        return cache_dir() / "programs"
-    return _user_cache() / "programs"
-
-
 def shared_cache_dir() -> Path | None:
     """The optional shared tier: $HF_TPU_SHARED_CACHE_DIR (a directory many machines mount), or None."""
     env = os.environ.get(SHARED_CACHE_ENV)
