@@ -31,7 +31,8 @@ def stats() -> dict[str, Any]:
     """Graphs captured, XLA compilations (jit traces), persistent-cache hits and misses, Dynamo graph
     breaks, and seconds spent in AOTAutograd (`aot_s`) and in tracing plus XLA compilation (`xla_s`).
     `tiers`: hits and misses of the graph cache per tier (memory, host, shared; compile_cache/) and of
-    JAX's persistent XLA cache (`xla`, eager per-op programs included)."""
+    JAX's persistent XLA cache (`xla`, eager per-op programs included), and `aot`: AOTAutograd's cache
+    behind Dynamo for graphs with breaks (compile_cache/aot_cache.py)."""
     from torch._dynamo.utils import counters
 
     with _stats_lock:
@@ -39,8 +40,10 @@ def stats() -> dict[str, Any]:
         out.update({k: round(v, 4) for k, v in _times.items()})
     out["graph_breaks"] = sum(counters["graph_break"].values())
     from hf_tpu import compile_cache
+    from hf_tpu.compile_cache import aot_cache
 
-    out["tiers"] = {**compile_cache.stats(), "xla": {"hits": out["cache_hits"], "misses": out["cache_misses"]}}
+    out["tiers"] = {**compile_cache.stats(), "xla": {"hits": out["cache_hits"], "misses": out["cache_misses"]},
+                    "aot": aot_cache.stats()}
     return out
 
 
@@ -54,8 +57,10 @@ def reset_stats() -> None:
             _times[k] = 0.0
     counters["graph_break"].clear()
     from hf_tpu import compile_cache
+    from hf_tpu.compile_cache import aot_cache
 
     compile_cache.reset_stats()
+    aot_cache.reset_stats()
 
 
 _times = {"aot_s": 0.0, "xla_s": 0.0}
@@ -356,6 +361,21 @@ def tpu_backend(gm: torch.fx.GraphModule, example_inputs: list[Any], **kwargs: A
     _bump("graphs")
     start = time.perf_counter()
     try:
+        from hf_tpu.compile_cache import aot_cache
+
+        if aot_cache.enabled():
+            # a graph the graph cache could not save (a graph break): AOTAutograd's own cache, which needs
+            # the serializable compiler (compile_cache/aot_cache.py); a hit is lowered by today's backend
+            from torch._functorch._aot_autograd.schemas import SerializableAOTDispatchCompiler
+
+            from hf_tpu.compile_cache.serializable import TpuOutputCode, _make_output_code
+
+            fw = SerializableAOTDispatchCompiler(TpuOutputCode, _make_output_code)
+            bw = SerializableAOTDispatchCompiler(TpuOutputCode, _make_output_code)
+            with aot_cache.active():
+                return aot_autograd(fw_compiler=fw, bw_compiler=bw, decompositions=_decompositions())(
+                    gm, example_inputs, **kwargs
+                )
         return aot_autograd(fw_compiler=_compiler, bw_compiler=_compiler, decompositions=_decompositions())(
             gm, example_inputs, **kwargs
         )

@@ -144,3 +144,22 @@ def test_diffusers_config_key_does_not_depend_on_the_hash_seed() -> None:
         assert int(n) > 2  # enough defaulted arguments for the order to vary
         out.add(digest)
     assert len(out) == 1, out
+
+
+def test_aotautograd_cache_directory_follows_versions_and_lowering_table(monkeypatch) -> None:
+    # PyTorch's AOTAutograd key does not know hf_tpu's decompositions: its entries live under hf_tpu's salt
+    from hf_tpu.compile_cache import aot_cache
+
+    aot_cache.salt.cache_clear()
+    base = aot_cache.directory()
+    monkeypatch.setattr(keys, "lowering_fingerprint", lambda: "another table")
+    aot_cache.salt.cache_clear()
+    assert aot_cache.directory() != base
+    monkeypatch.undo()
+    real = keys.versions()
+    monkeypatch.setattr(keys, "versions", lambda: {**real, "hf_tpu_code": "edited"})
+    aot_cache.salt.cache_clear()
+    assert aot_cache.directory() != base
+    monkeypatch.undo()
+    aot_cache.salt.cache_clear()
+    assert aot_cache.directory() == base
