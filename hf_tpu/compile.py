@@ -366,16 +366,10 @@ def tpu_backend(gm: torch.fx.GraphModule, example_inputs: list[Any], **kwargs: A
         if aot_cache.enabled():
             # a graph the graph cache could not save (a graph break): AOTAutograd's own cache, which needs
             # the serializable compiler (compile_cache/aot_cache.py); a hit is lowered by today's backend
-            from torch._functorch._aot_autograd.schemas import SerializableAOTDispatchCompiler
+            from hf_tpu.compile_cache.serializable import serializable_aot_autograd
 
-            from hf_tpu.compile_cache.serializable import TpuOutputCode, _make_output_code
-
-            fw = SerializableAOTDispatchCompiler(TpuOutputCode, _make_output_code)
-            bw = SerializableAOTDispatchCompiler(TpuOutputCode, _make_output_code)
             with aot_cache.active():
-                return aot_autograd(fw_compiler=fw, bw_compiler=bw, decompositions=_decompositions())(
-                    gm, example_inputs, **kwargs
-                )
+                return serializable_aot_autograd(gm, example_inputs, **kwargs)
         return aot_autograd(fw_compiler=_compiler, bw_compiler=_compiler, decompositions=_decompositions())(
             gm, example_inputs, **kwargs
         )

@@ -145,23 +145,32 @@ def serializable_backend(gm: torch.fx.GraphModule, example_inputs: list[Any], **
     """The tpu backend with a saveable output (for `aot_compile_fullgraph`); same lowering as
     hf_tpu.compile.tpu_backend."""
     import torch._dynamo.config as dconfig
-    from torch._dynamo.backends.common import aot_autograd
-    from torch._functorch._aot_autograd.schemas import SerializableAOTDispatchCompiler
 
     from hf_tpu import compile as C
 
     dconfig.automatic_dynamic_shapes = False
     C._bump("graphs")
+    start = time.perf_counter()
+    try:
+        return serializable_aot_autograd(gm, example_inputs, **kwargs)
+    finally:
+        C._bump_time("aot_s", time.perf_counter() - start)
+
+
+def serializable_aot_autograd(gm: torch.fx.GraphModule, example_inputs: list[Any], **kwargs: Any) -> Callable[..., Any]:
+    """AOTAutograd with hf_tpu's decompositions and a saveable compiler output (TpuOutputCode): what the
+    graph cache saves whole, and what AOTAutograd's own cache saves per subgraph (aot_cache.py)."""
+    from torch._dynamo.backends.common import aot_autograd
+    from torch._functorch._aot_autograd.schemas import SerializableAOTDispatchCompiler
+
+    from hf_tpu import compile as C
+
     # two instances: AOTAutograd wraps the backward compiler's function in place
     fw = SerializableAOTDispatchCompiler(TpuOutputCode, _make_output_code)
     bw = SerializableAOTDispatchCompiler(TpuOutputCode, _make_output_code)
-    start = time.perf_counter()
-    try:
-        with torch._functorch.config.patch(bundled_autograd_cache=True):
-            return aot_autograd(fw_compiler=fw, bw_compiler=bw,
-                                decompositions=C._decompositions())(gm, example_inputs, **kwargs)
-    finally:
-        C._bump_time("aot_s", time.perf_counter() - start)
+    with torch._functorch.config.patch(bundled_autograd_cache=True):
+        return aot_autograd(fw_compiler=fw, bw_compiler=bw, decompositions=C._decompositions())(
+            gm, example_inputs, **kwargs)
 
 
 def guard_filter(entries: Sequence[Any]) -> list[bool]:
