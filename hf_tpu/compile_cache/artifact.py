@@ -97,7 +97,7 @@ def loads(payload: bytes, fn_globals: dict[str, Any]) -> Any:
     from torch._dynamo import convert_frame
     from torch._dynamo.aot_compile import AOTCompiledFunction
     from torch._dynamo.utils import get_metrics_context
-    from torch._guards import CompileContext, compile_context
+    from torch._guards import CompileContext, TracingContext, compile_context, tracing
 
     state = pickle.loads(payload)
     if state.get("version") != PAYLOAD_VERSION:
@@ -105,6 +105,8 @@ def loads(payload: bytes, fn_globals: dict[str, Any]) -> Any:
     check_sources(state["sources"])
     f_globals = dict(fn_globals)
     f_globals.update({name: _resolve(ref) for name, ref in state["refs"].items()})
+    # a tracing context too: unpickling an ImportSource in the saved guards installs a guard, which needs
+    # one ("TracingContext.get() must be called within an ongoing trace": Zamba's graph never loaded)
     with compile_context(CompileContext(convert_frame.get_compile_id({}))), get_metrics_context(), \
-            torch._functorch.config.patch(bundled_autograd_cache=True):
+            tracing(TracingContext(None)), torch._functorch.config.patch(bundled_autograd_cache=True):
         return AOTCompiledFunction.deserialize(state["artifact"], f_globals=f_globals)

@@ -49,6 +49,11 @@ def build(kind: str):  # noqa: ANN201
                           num_key_value_heads=1, vocab_size=128, max_position_embeddings=64)
         model = LlamaForCausalLM(cfg).eval()
         return model, {"input_ids": torch.randint(0, 128, (1, 8))}
+    if kind.startswith("zoo:"):  # a built-in zoo entry, as the sweep builds it
+        from harness.zoo import load_zoo
+
+        built = next(e for e in load_zoo("full") if e.id == kind[4:]).build(0)
+        return built.model, built.inputs
     width = int(os.environ.get("CHILD_WIDTH", "16"))
     return MLP(width).eval(), {"x": torch.randn(2, width)}
 
@@ -81,16 +86,16 @@ def main() -> None:
     model, inputs = build(sys.argv[1])
     with torch.no_grad():
         expected = model(**inputs)
-        expected = expected.logits if hasattr(expected, "logits") else expected
+        expected = expected.logits if hasattr(expected, "logits") else getattr(expected, "last_hidden_state", expected)
         model = model.to("tpu")
         dev_inputs = {k: v.to("tpu") for k, v in inputs.items()}
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             compiled = torch.compile(model, backend="tpu")
             out = compiled(**dev_inputs)
-            out = (out.logits if hasattr(out, "logits") else out).cpu()
+            out = (out.logits if hasattr(out, "logits") else getattr(out, "last_hidden_state", out)).cpu()
             again = compiled(**dev_inputs)
-            again = (again.logits if hasattr(again, "logits") else again).cpu()
+            again = (again.logits if hasattr(again, "logits") else getattr(again, "last_hidden_state", again)).cpu()
     stats = hf_tpu.compile_stats()
     print(json.dumps({
         "max_err": (out - expected).abs().max().item(),

@@ -56,6 +56,16 @@ def test_graph_saved_after_other_models_loads_in_a_fresh_process(tmp_path: Path)
     assert warm["max_err"] < TOL and warm["again_err"] < TOL
 
 
+def test_graph_whose_guards_hold_an_import_source_loads(tmp_path: Path) -> None:
+    # Zamba's saved guards hold an ImportSource, whose unpickling installs a guard: outside a tracing
+    # context it raised ("TracingContext.get() must be called within an ongoing trace"), so it never loaded
+    cold = run(tmp_path, "zoo:transformers/zamba/ZambaModel", HF_HUB_OFFLINE="1")
+    assert cold["tiers"]["saved"] == 1
+    warm = run(tmp_path, "zoo:transformers/zamba/ZambaModel", HF_HUB_OFFLINE="1")
+    assert warm["tiers"]["host"]["hits"] == 1 and warm["traces"] == 0 and warm["tiers"]["corrupt"] == 0, warm
+    assert warm["max_err"] < TOL and warm["again_err"] < TOL
+
+
 def test_guard_miss_falls_back_and_stays_correct(tmp_path: Path) -> None:
     run(tmp_path, CHILD_SCALE="1.0")
     # same key (a plain attribute is not part of it), but the saved guard on `scale` fails
