@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
-from hf_tpu import decomposed, dtypes, fused, lowering, op_jit, precision
+from hf_tpu import decomposed, dtypes, fused, lowering, op_jit, plans, precision
 from hf_tpu import tensor as T
 
 aten = torch.ops.aten
@@ -201,7 +201,7 @@ def _wrap_one(x: Any, dt: torch.dtype | None) -> torch.Tensor:
         if want != x.dtype:
             x = x.astype(want)
     if launch_blocking():
-        _block(x)
+        plans.block(x)
     return T.wrap(x, dt)
 
 
@@ -249,90 +249,6 @@ def _integral_promotion(op: Any, args: tuple, kwargs: dict) -> Any:
     return dtypes.to_jax(expected[0])
 
 
-# ------------------------------------------------------------------------------------ the fast path
-# The general path below re-derives, on every call, things that depend only on the op, the argument dtypes
-# and the static arguments: the lowering, integer promotion, PyTorch's output dtype, the jit program.
-# That is most of a small op's cost (a + b on 16 elements: ~70 of ~90 us). After a call has gone the
-# general way once, its answers are kept as a Plan under that signature, and a repeat call is: build the
-# key, fetch the arrays, call the program, wrap the result. Shapes are not in the key (the program is a
-# jax.jit, which specialises to shapes itself); dtypes and 0-dim-ness are (they decide PyTorch's dtypes).
-_NOT_PLANNABLE = object()
-_SCALARS = (bool, int, float, str, type(None), torch.dtype, torch.device, torch.layout, torch.memory_format)
-
-
-class _Plan:
-    # `fn`: the lowering the program was traced from. A plan is used only while eager_lowering still returns
-    # it, so a lowering replaced at run time (a test's fault injection, a user's override) is honoured.
-    __slots__ = ("fn", "program", "promote_to", "out_dtype", "cast_to", "whole")
-
-    def __init__(self, fn: Callable[..., Any], program: Callable[..., Any], promote_to: Any,
-                 out_dtype: torch.dtype, cast_to: Any) -> None:
-        self.fn, self.program, self.promote_to, self.out_dtype, self.cast_to = (fn, program, promote_to,
-                                                                                out_dtype, cast_to)
-        self.whole = self._whole()
-
-    def _whole(self) -> Callable[[list[Any]], Any]:
-        """The plan as one function of its arrays (promotion, program, cast): a fused-mode node."""
-        program, promote_to, cast_to = self.program, self.promote_to, self.cast_to
-
-        def whole(arrays: list[Any]) -> Any:
-            if promote_to is not None:
-                arrays = [a.astype(promote_to) for a in arrays]
-            res = program(*arrays)
-            return res if cast_to is None else res.astype(cast_to)
-
-        return whole
-
-
-_plans: dict[Any, _Plan] = {}
-
-
-def _describe(x: Any, arrays: list[Any]) -> Any:
-    if isinstance(x, torch.Tensor):
-        # `x.is_cpu`, not `x.device.type`: building the device object costs a microsecond, on every argument
-        if x.is_cpu:
-            return _NOT_PLANNABLE
-        # the operand is taken once, here: whether a view is handed over as geometry depends on its cache
-        try:
-            o = T.operand(x, fused.ACTIVE)
-        except RuntimeError:  # another device (meta, ...): the general path raises the proper error
-            return _NOT_PLANNABLE
-        if type(o) is T.Operand:
-            arrays.append(o.array)
-            return (x.dtype, x.dim() == 0, o.key)
-        arrays.append(o)
-        return (x.dtype, x.dim() == 0)
-    if isinstance(x, _SCALARS):
-        if x != x:  # NaN is never equal to itself: as a key it would add a plan on every call
-            return _NOT_PLANNABLE
-        return (type(x), x)  # the type too: 1, 1.0 and True are equal keys but give different dtypes
-    if isinstance(x, list | tuple):
-        if all(type(v) is int for v in x):
-            return (type(x), tuple(x))
-        if x and all(isinstance(v, torch.Tensor) for v in x):  # cat, stack: op_jit takes their arrays in order
-            parts = tuple(_describe(v, arrays) for v in x)
-            return _NOT_PLANNABLE if _NOT_PLANNABLE in parts else (type(x), parts)
-    return _NOT_PLANNABLE  # tensor lists, CPU tensors, anything unusual: the general path
-
-
-def _signature(op: Any, args: tuple, kwargs: dict) -> tuple[tuple | None, list[Any]]:
-    """The plan key, and the tpu tensors' arrays in op_jit's order (positional arguments, then keyword
-    arguments by name): a view's buffer when the program reads the view itself."""
-    key = [op, precision.current(), torch.get_default_dtype()]  # factories without a dtype use the default
-    arrays: list[Any] = []
-    for x in args:
-        d = _describe(x, arrays)
-        if d is _NOT_PLANNABLE:
-            return None, arrays
-        key.append(d)
-    for name in sorted(kwargs):
-        d = _describe(kwargs[name], arrays)
-        if d is _NOT_PLANNABLE:
-            return None, arrays
-        key.append((name, d))
-    return tuple(key), arrays
-
-
 def eager_lowering(op: Any) -> Callable[..., Any] | None:
     """The JAX function eager mode runs `op` with: its lowering, or else its decomposition traced as one
     program (decomposed.py). Compiled mode decomposes in the graph instead (compile.py). `lowering.find` is
@@ -353,46 +269,27 @@ def _decomposed(op: Any, find: Callable[[Any], Any]) -> Callable[..., Any] | Non
     return None if dec is None else decomposed.as_lowering(op, dec)
 
 
-def _block(x: Any) -> None:
-    # TORCH_TPU_LAUNCH_BLOCKING: wait for the op. A tracer (inside a decomposition being traced) has nothing
-    # to wait for.
-    wait = getattr(x, "block_until_ready", None)
-    if wait is not None:
-        wait()
-
-
-def _run_plan(plan: _Plan, arrays: list[Any]) -> torch.Tensor:
-    if plan.promote_to is not None:
-        arrays = [a.astype(plan.promote_to) for a in arrays]
-    res = plan.program(*arrays)
-    if plan.cast_to is not None:
-        res = res.astype(plan.cast_to)
-    if launch_blocking():
-        _block(res)
-    return T.wrap(res, plan.out_dtype)
-
-
 def run_functional(op: Any, args: tuple, kwargs: dict) -> Any:
-    key, arrays = _signature(op, args, kwargs)
+    key, arrays = plans.signature(op, args, kwargs)
     if key is not None:
-        plan = _plans.get(key)
+        plan = plans.table.get(key)
         if plan is not None and plan.fn is eager_lowering(op):
             if fused.ACTIVE:
                 try:
-                    return T.wrap_pending(fused.defer(plan.whole, arrays, op, key), plan.out_dtype)
+                    return plans.defer(plan, arrays, op, key)
                 except Exception:  # shapes the program cannot take: the general path raises properly
                     pass
             try:
-                return _run_plan(plan, arrays)
+                return plans.run(plan, arrays, launch_blocking())
             except Exception:  # e.g. shapes the program cannot take: the general path raises properly
                 pass
     res, plan = _run_functional(op, args, kwargs)
     if key is not None and plan is not None:
-        _plans[key] = plan
+        plans.table[key] = plan
     return res
 
 
-def _run_functional(op: Any, args: tuple, kwargs: dict) -> tuple[Any, _Plan | None]:
+def _run_functional(op: Any, args: tuple, kwargs: dict) -> tuple[Any, plans.Plan | None]:
     """The general path: the result, and a Plan for repeating it when it is a single array from one program."""
     fn = eager_lowering(op)
     if fn is None:
@@ -425,10 +322,7 @@ def _run_functional(op: Any, args: tuple, kwargs: dict) -> tuple[Any, _Plan | No
             return _cpu_fallback(op, args, kwargs), None
         raise lowering.NoLowering(op, " for these arguments")
     out = _wrap_outputs(op, res, args, kwargs)
-    plan = None
-    if program is not None and plannable and _is_array(res) and isinstance(out, torch.Tensor):
-        want = dtypes.to_jax(out.dtype)
-        plan = _Plan(fn, program, promote_to, out.dtype, want if want != res.dtype else None)
+    plan = plans.make(fn, program, promote_to, res, out) if program is not None and plannable else None
     return out, plan
 
 

@@ -1,9 +1,10 @@
 """Fused eager mode (TorchTPU's DeferAndFuse): ops are recorded instead of run, and the pending graph runs
 as one jitted XLA program when a value is needed.
 
-`TORCH_TPU_DEFER_AND_FUSE=1`, or `with hf_tpu.defer_and_fuse():`. An op that dispatch's fast path can
-plan (a single-output program: the great majority of a forward) becomes a `Node` holding its program and
-its inputs (arrays, or other nodes); its tensor's Buffer is lazy, with the node as its loader. Anything
+`TORCH_TPU_DEFER_AND_FUSE=1`, or `with hf_tpu.defer_and_fuse():`. An op that the fast path (plans.py) can
+plan (a program with one output array or a flat tuple of them: the great majority of a forward) becomes a
+`Node` holding its program and its inputs (arrays, or other nodes); its tensor's Buffer is lazy, with the
+node as its loader (a multi-output op's tensors hang off one `part` node per output). Anything
 that needs the array (`.cpu()`, `.item()`, printing, a branch on a tensor, a copy to another device, a
 write through a view, an op the fast path does not plan, random ops) reads `Buffer.array`, which runs the
 node: the graph of every pending node it depends on becomes one program, cached by its structure (the
@@ -113,8 +114,10 @@ def defer(fn: Callable[[list[Any]], Any], inputs: list[Any], op: Any, key: Any) 
 
         jax = runtime.jax()
         out = jax.eval_shape(fn, [jax.ShapeDtypeStruct(*a) for a in in_avals])
-        # a plain (shape, dtype) tuple: JAX's abstract values hash and compare in Python, slowly, per op
-        aval = _avals[akey] = (tuple(out.shape), out.dtype)
+        # a plain (shape, dtype) tuple: JAX's abstract values hash and compare in Python, slowly, per op;
+        # a multi-output op's node has a tuple of them, one per output (see `part`)
+        aval = _avals[akey] = (tuple((tuple(o.shape), o.dtype) for o in out) if isinstance(out, tuple | list)
+                               else (tuple(out.shape), out.dtype))
     # the longest chain of pending nodes below this one (a sum would count shared inputs again and again)
     size = 1 + max((x.size for x in inputs if type(x) is Node and x.value is None), default=0)
     node = Node(fn, inputs, aval, op, size)
@@ -123,6 +126,27 @@ def defer(fn: Callable[[list[Any]], Any], inputs: list[Any], op: Any, key: Any) 
         _reasons["limit"] += 1
         node()
     return node
+
+
+def _getter(i: int) -> Callable[[list[Any]], Any]:
+    def get(inputs: list[Any]) -> Any:
+        return inputs[0][i]
+
+    return get
+
+
+_getters: dict[int, Callable[[list[Any]], Any]] = {}
+
+
+def part(node: Node, i: int) -> Node:
+    """Output `i` of a multi-output node (whose value is a tuple of arrays), as a node of its own: the
+    tensors hang off these, and the multi-output node is an internal of the graph. One getter function
+    per index, so graphs that differ in nothing else share a program."""
+    get = _getters.get(i)
+    if get is None:
+        get = _getters[i] = _getter(i)
+    size = 1 + node.size if node.value is None else 1
+    return Node(get, [node], node.aval[i], node.op, size)
 
 
 def resolve(x: Any) -> Any:

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from hf_tpu import dispatch
+from hf_tpu import dispatch, plans
 
 
 def _twice(fn, *cpu_args):
@@ -63,17 +63,17 @@ def test_the_default_dtype_is_part_of_a_plan():
 def test_nan_scalars_take_the_general_path_without_growing_the_plans():
     x = torch.randn(3).to("tpu")
     x + float("nan")
-    n = len(dispatch._plans)
+    n = len(plans.table)
     for _ in range(5):
         assert torch.isnan((x + float("nan")).cpu()).all()
-    assert len(dispatch._plans) == n
+    assert len(plans.table) == n
 
 
 def test_a_plan_is_reused():
     a, b = torch.randn(6).to("tpu"), torch.randn(6).to("tpu")
     a - b
-    key = dispatch._signature(torch.ops.aten.sub.Tensor, (a, b), {"alpha": 1})[0]
-    plan = dispatch._plans.get(key) or dispatch._plans.get(dispatch._signature(torch.ops.aten.sub.Tensor, (a, b), {})[0])
+    key = plans.signature(torch.ops.aten.sub.Tensor, (a, b), {"alpha": 1})[0]
+    plan = plans.table.get(key) or plans.table.get(plans.signature(torch.ops.aten.sub.Tensor, (a, b), {})[0])
     assert plan is not None
     calls = []
     real = plan.program
