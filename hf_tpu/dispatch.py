@@ -351,7 +351,8 @@ def _empty_strided(size: Any, stride: Any, *, dtype: Any = None, device: Any = N
 def _copy_from(src: torch.Tensor, dst: torch.Tensor, non_blocking: bool = False) -> torch.Tensor:
     if dst.device.type == "tpu":
         if src.device.type == "tpu":
-            T.assign(dst, T.value(src))
+            if not (fused.ACTIVE and T.defer_write(dst, src)):
+                T.assign(dst, T.value(src))
         else:
             T.assign(dst, T.from_cpu(src))
         return dst

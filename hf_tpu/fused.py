@@ -155,11 +155,11 @@ def resolve(x: Any) -> Any:
 
 
 # ----------------------------------------------------------------------------------------- running
-def _graph(root: Node) -> list[Node]:
-    """The pending nodes `root` depends on, in an order where inputs come first."""
+def _graph(roots: list[Node]) -> list[Node]:
+    """The pending nodes the roots depend on, in an order where inputs come first."""
     order: list[Node] = []
     seen: set[int] = set()
-    stack: list[tuple[Node, bool]] = [(root, False)]
+    stack: list[tuple[Node, bool]] = [(r, False) for r in reversed(roots)]
     while stack:
         node, done = stack.pop()
         if done:
@@ -175,10 +175,37 @@ def _graph(root: Node) -> list[Node]:
     return order
 
 
+# Nodes whose tensors may still be alive, in the order they were attached (weak: a dropped tensor's node
+# must be free to go). When a graph runs, every one still pending and held joins it, so that a forward's
+# several outputs (logits, hidden states, a KV cache), each read by a `.cpu()` of its own, come out of one
+# program rather than one each; Strict computes all of them anyway.
+_attached: list[Any] = []
+
+
+def _held_pending(root: Node) -> list[Node]:
+    global _attached
+    refs, _attached = _attached, []
+    out = []
+    for ref in refs:
+        n = ref()
+        if n is not None and n is not root and n.value is None and n.buf_ref is not None \
+                and n.buf_ref() is not None:
+            out.append(n)
+    return out
+
+
 def _run_graph(root: Node) -> None:
+    others = _held_pending(root)
+    # one of the others may be what fails: then the root's own graph decides what is raised
+    if not others or not _run_nodes(root, [root, *others]):
+        _run_nodes(root, [root])
+
+
+def _run_nodes(root: Node, roots: list[Node]) -> bool:
+    """Run the graph of `roots` as one program; False (nothing run) if a program of several roots failed."""
     from hf_tpu import runtime
 
-    nodes = _graph(root)
+    nodes = _graph(roots)
     pos = {id(n): i for i, n in enumerate(nodes)}
     externals: list[Any] = []
     ext_pos: dict[int, int] = {}
@@ -204,13 +231,16 @@ def _run_graph(root: Node) -> None:
         prog = _programs[key] = runtime.jax().jit(_program(tuple(structure), outputs))
     else:
         _stats["cache_hits"] += 1
-    _stats["graphs"] += 1
-    _reasons[_op_name(current_op)] += 1
     try:
         results = prog(*externals)
     except Exception:
+        if len(roots) > 1:
+            return False
+        _count_graph()
         _stats["fallbacks"] += 1
         results = _run_one_by_one(nodes, structure, externals, outputs)
+    else:
+        _count_graph()
     for i, r in zip(outputs, results, strict=True):
         n = nodes[i]
         n.value = r
@@ -218,6 +248,12 @@ def _run_graph(root: Node) -> None:
         buf = n.buf_ref() if n.buf_ref is not None else None
         if buf is not None and buf._array is None and buf._loader is n:
             buf.array = r
+    return True
+
+
+def _count_graph() -> None:
+    _stats["graphs"] += 1
+    _reasons[_op_name(current_op)] += 1
 
 
 def _program(structure: tuple, outputs: tuple) -> Callable[[list[Any]], Any]:
@@ -253,3 +289,4 @@ def _op_name(op: Any) -> str:
 
 def attach(node: Node, buf: Any) -> None:
     node.buf_ref = weakref.ref(buf)
+    _attached.append(weakref.ref(node))

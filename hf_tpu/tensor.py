@@ -15,6 +15,7 @@ the source tensor's logical (row-major) frame, which is the frame `views.compose
 
 from __future__ import annotations
 
+import functools
 import math
 import threading
 from collections.abc import Callable
@@ -229,18 +230,70 @@ def _conform(new: Any, shape: tuple[int, ...], dtype: Any, frame: tuple[int, ...
 
 def adopt_pending(t: torch.Tensor, res: torch.Tensor) -> bool:
     """Fused mode: make t's whole buffer the still-pending result `res` (an in-place or out= op's value),
-    without running it. False when t is a view, or shapes or dtypes differ (then `assign` it)."""
+    without running it; into a view of a buffer, a pending write (defer_write). False when `res` is not
+    pending, or shapes or dtypes differ (then `assign` it)."""
     p, r = payload(t), payload(res)
     node = r.buf._loader
-    if p.view is not None or r.view is not None or r.buf._array is not None or type(node) is not fused.Node:
+    if r.view is not None or r.buf._array is not None or type(node) is not fused.Node:
         return False
+    if p.view is not None:
+        return t.dtype == res.dtype and tuple(t.shape) == tuple(res.shape) and defer_write(t, res)
     if t.dtype != res.dtype or tuple(t.shape) != tuple(res.shape) or p.buf.numel != res.numel():
         return False
-    buf = p.buf
+    _pend(p.buf, node)
+    return True
+
+
+def _pend(buf: Buffer, node: Any) -> None:
+    """buf's contents become the pending `node`'s value; a pending node that held it before is no longer an
+    output of its graph (nothing reads it through this buffer again)."""
+    old = buf._loader
+    if type(old) is fused.Node and old.buf_ref is not None and old.buf_ref() is buf:
+        old.buf_ref = None
     buf._array, buf._loader, buf.shape = None, node, node.aval[0]
     fused.attach(node, buf)
     buf.version += 1
+
+
+def defer_write(t: torch.Tensor, src: torch.Tensor) -> bool:
+    """Fused mode: write tpu tensor `src` (cast and broadcast to t's dtype and shape) into t, a whole buffer
+    or a view of one, as a pending node, so that the write ends no graph: the buffer's new array is that
+    node's value (every alias reads it through the buffer). `copy_` into a slice, an in-place op on a view,
+    a KV-cache update. False (write now, with `assign`) when neither side is pending, when src is another
+    view that needs a gather, or for the rare alias of another size over a whole buffer."""
+    p = payload(t)
+    buf = p.buf
+    shape = tuple(t.shape)
+    whole = p.view is None
+    if whole and buf.numel != math.prod(shape):
+        return False
+    s = operand(src, pending_ok=True)
+    skey = None
+    if type(s) is Operand:
+        s, skey = s.array, s.key
+    base = None if whole else (buf._array if buf._array is not None else buf._loader)
+    if base is not None and type(base) is not fused.Node:
+        base = buf.array  # another lazy loader (an `empty`'s zeros, a checkpoint): load it now
+    if type(s) is not fused.Node and type(base) is not fused.Node:
+        return False
+    frame = buf.shape if whole else views.sizes(p.view)
+    fn = _write_fn(p.view, skey, shape, dtypes.to_jax(t.dtype), frame)
+    node = fused.defer(fn, [s] if whole else [base, s], fused.current_op, fn)
+    _pend(buf, node)
     return True
+
+
+@functools.lru_cache(maxsize=4096)
+def _write_fn(view: views.View | None, src_key: tuple | None, shape: tuple[int, ...], dtype: Any,
+              frame: tuple[int, ...]) -> Callable[[list[Any]], Any]:
+    """The node function of a deferred write: one per geometry, so graphs that repeat share programs."""
+    def write(inputs: list[Any]) -> Any:
+        jnp = _jnp()
+        new = inputs[-1] if src_key is None else apply_operand(inputs[-1], src_key)
+        new = jnp.broadcast_to(new.astype(dtype), shape).reshape(frame)
+        return new if view is None else views.write(inputs[0], view, new)
+
+    return write
 
 
 def replace(t: torch.Tensor, new: Any) -> None:
