@@ -276,7 +276,7 @@ def run_functional(op: Any, args: tuple, kwargs: dict) -> Any:
         if plan is not None and plan.fn is eager_lowering(op):
             if fused.ACTIVE:
                 try:
-                    return plans.defer(plan, arrays, op, key)
+                    return plans.defer(plan, arrays, op)
                 except Exception:  # shapes the program cannot take: the general path raises properly
                     pass
             try:

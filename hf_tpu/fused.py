@@ -104,22 +104,31 @@ def reset_stats() -> None:
 _avals: dict[Any, Any] = {}
 
 
-def defer(fn: Callable[[list[Any]], Any], inputs: list[Any], op: Any, key: Any) -> Node:
-    """A node for `fn(inputs)`; `key` (dispatch's plan key) plus input shapes decide its output's shape."""
-    in_avals = tuple(x.aval if type(x) is Node else (x.shape, x.dtype) for x in inputs)
-    akey = (key, in_avals)
+def defer(fn: Callable[[list[Any]], Any], inputs: list[Any], op: Any) -> Node:
+    """A node for `fn(inputs)`. Its output's shape is decided by `fn` (one per plan, or per write geometry)
+    and the inputs' shapes: keyed by the function, not by the plan key, whose hash would be recomputed
+    (an OpOverload's hash is a Python call) on every op."""
+    in_avals = []
+    size = 0  # the longest chain of pending nodes below this one (a sum would count shared inputs again)
+    for x in inputs:
+        if type(x) is Node:
+            in_avals.append(x.aval)
+            if x.value is None and x.size > size:
+                size = x.size
+        else:
+            in_avals.append((x.shape, x.dtype))
+    size += 1
+    akey = (fn, tuple(in_avals))
     aval = _avals.get(akey)
     if aval is None:  # imported here, not per op: an import statement costs microseconds even when cached
         from hf_tpu import runtime
 
         jax = runtime.jax()
-        out = jax.eval_shape(fn, [jax.ShapeDtypeStruct(*a) for a in in_avals])
+        out = jax.eval_shape(fn, [jax.ShapeDtypeStruct(*a) for a in akey[1]])
         # a plain (shape, dtype) tuple: JAX's abstract values hash and compare in Python, slowly, per op;
         # a multi-output op's node has a tuple of them, one per output (see `part`)
         aval = _avals[akey] = (tuple((tuple(o.shape), o.dtype) for o in out) if isinstance(out, tuple | list)
                                else (tuple(out.shape), out.dtype))
-    # the longest chain of pending nodes below this one (a sum would count shared inputs again and again)
-    size = 1 + max((x.size for x in inputs if type(x) is Node and x.value is None), default=0)
     node = Node(fn, inputs, aval, op, size)
     _stats["deferred_ops"] += 1
     if size >= MAX_PENDING:

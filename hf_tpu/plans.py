@@ -162,9 +162,9 @@ def run(plan: Plan, arrays: list[Any], blocking: bool) -> Any:
     return plan.multi(outs)
 
 
-def defer(plan: Plan, arrays: list[Any], op: Any, key: Any) -> Any:
+def defer(plan: Plan, arrays: list[Any], op: Any) -> Any:
     """Fused mode: the op recorded as a pending node; its tensors' arrays are made when something reads them."""
-    node = fused.defer(plan.whole, arrays, op, key)
+    node = fused.defer(plan.whole, arrays, op)
     if plan.multi is None:
         return T.wrap_pending(node, plan.out_dtypes[0])
     return plan.multi(T.wrap_pending(fused.part(node, i), dt) for i, dt in enumerate(plan.out_dtypes))

@@ -278,7 +278,7 @@ def defer_write(t: torch.Tensor, src: torch.Tensor) -> bool:
         return False
     frame = buf.shape if whole else views.sizes(p.view)
     fn = _write_fn(p.view, skey, shape, dtypes.to_jax(t.dtype), frame)
-    node = fused.defer(fn, [s] if whole else [base, s], fused.current_op, fn)
+    node = fused.defer(fn, [s] if whole else [base, s], fused.current_op)
     _pend(buf, node)
     return True
 
