@@ -18,13 +18,16 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
-from hf_tpu import dtypes, lowering, precision
+from hf_tpu import dtypes, fused, lowering, precision
 from hf_tpu import tensor as T
 from hf_tpu.torchax_compat import load_op_table
 
 _stats_lock = threading.Lock()
 _stats = {"graphs": 0, "compilations": 0, "cache_hits": 0, "cache_misses": 0}
 _listener_installed = False
+
+
+COMPILED_GRAPH = "torch.compile graph"  # names a compiled graph's call in fused.stats()['materialised_by']
 
 
 def stats() -> dict[str, Any]:
@@ -270,6 +273,7 @@ def _compiler(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable[.
 
     def call(args: list[Any]) -> list[Any]:
         on_tpu = any(T.is_tpu(a) for a in args)
+        fused.current_op = COMPILED_GRAPH  # what a pending input's graph runs for (fused mode's stats)
         jargs = []
         for a in args:
             if isinstance(a, torch.Tensor):

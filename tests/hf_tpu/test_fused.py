@@ -293,3 +293,17 @@ def test_a_failing_held_tensor_does_not_break_reading_another():
         torch.testing.assert_close(good.cpu(), (a.cpu() - 1).sin())  # the combined program fails; alone it runs
         with pytest.raises(TpuOpError, match="aten::exp"):
             bad.cpu()
+
+
+def test_a_compiled_graph_reading_a_pending_input_is_named():
+    # generate() with a static cache compiles the forward: its inputs' graphs run for the compiled call
+    f = torch.compile(lambda x: x * 2, backend="tpu")
+    a = torch.randn(4).to("tpu")
+    f((a + 1).abs()).cpu()  # compiled, and the plans for add and abs made
+    fused.reset_stats()
+    with hf_tpu.defer_and_fuse():
+        x = (a + 1).abs()
+        x.shape  # metadata is no reason to run anything
+        y = f(x)
+    assert fused.stats()["materialised_by"] == {"torch.compile graph": 1}
+    torch.testing.assert_close(y.cpu(), (a.cpu() + 1).abs() * 2)
