@@ -25,12 +25,22 @@ def _cpu(res):
     return [r.cpu() for r in res]
 
 
-@pytest.mark.parametrize("name,op,f", MULTI, ids=[m[0] for m in MULTI])
-def test_multi_output_ops_are_planned_and_match_cpu(name, op, f):
+def _case(f):
+    """f's CPU result on a seeded input, and that input on tpu."""
     torch.manual_seed(0)
     x = torch.randn(5, 6)
-    want = f(x)
-    t = x.to("tpu")
+    return f(x), x.to("tpu")
+
+
+def _check(got, want):
+    for g, w in zip(_cpu(got), want, strict=True):
+        assert g.dtype == w.dtype
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("name,op,f", MULTI, ids=[m[0] for m in MULTI])
+def test_multi_output_ops_are_planned_and_match_cpu(name, op, f):
+    want, t = _case(f)
     plans.table.clear()
     f(t)  # the general path, once: it leaves a plan
     mine = [p for k, p in plans.table.items() if k[0] == op]
@@ -45,26 +55,19 @@ def test_multi_output_ops_are_planned_and_match_cpu(name, op, f):
         plan.program = real
     assert calls == [1]  # the second call ran the plan
     assert isinstance(got, tuple) and len(got) == len(want)
-    for g, w in zip(_cpu(got), want, strict=True):
-        assert g.dtype == w.dtype
-        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
+    _check(got, want)
 
 
 @pytest.mark.parametrize("name,op,f", MULTI, ids=[m[0] for m in MULTI])
 def test_multi_output_ops_defer_in_fused_mode(name, op, f):
-    torch.manual_seed(0)
-    x = torch.randn(5, 6)
-    want = f(x)
-    t = x.to("tpu")
+    want, t = _case(f)
     f(t)
     fused.reset_stats()
     with hf_tpu.defer_and_fuse():
         got = f(t * 1)
         assert all(T.payload(g).buf._array is None for g in got), "every output should still be pending"
         got = _cpu(got)
-    for g, w in zip(got, want, strict=True):
-        assert g.dtype == w.dtype
-        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
+    _check(got, want)
 
 
 def test_layer_norm_does_not_cut_a_fused_graph(highest):
