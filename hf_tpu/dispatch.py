@@ -191,10 +191,6 @@ def _meta_dtypes(op: Any, args: tuple, kwargs: dict) -> list[torch.dtype] | None
     return result
 
 
-def _is_array(x: Any) -> bool:
-    return hasattr(x, "shape") and hasattr(x, "dtype") and not isinstance(x, torch.Tensor)
-
-
 def _wrap_one(x: Any, dt: torch.dtype | None) -> torch.Tensor:
     if dt is not None:
         want = dtypes.to_jax(dt)
@@ -206,15 +202,15 @@ def _wrap_one(x: Any, dt: torch.dtype | None) -> torch.Tensor:
 
 
 def _wrap_outputs(op: Any, res: Any, args: tuple, kwargs: dict) -> Any:
-    if _is_array(res):  # the common case: one array
+    if plans.is_array(res):  # the common case: one array
         expected = _meta_dtypes(op, args, kwargs)
         return _wrap_one(res, expected[0] if expected else None)
     leaves, spec = pytree.tree_flatten(res)
-    if not any(_is_array(x) for x in leaves):
+    if not any(plans.is_array(x) for x in leaves):
         return res  # a Python scalar or bool (.item(), is_nonzero, ...)
     expected = _meta_dtypes(op, args, kwargs)
     out = [
-        _wrap_one(x, expected[i] if expected and i < len(expected) else None) if _is_array(x) else x
+        _wrap_one(x, expected[i] if expected and i < len(expected) else None) if plans.is_array(x) else x
         for i, x in enumerate(leaves)
     ]
     return pytree.tree_unflatten(out, spec)
@@ -290,7 +286,8 @@ def run_functional(op: Any, args: tuple, kwargs: dict) -> Any:
 
 
 def _run_functional(op: Any, args: tuple, kwargs: dict) -> tuple[Any, plans.Plan | None]:
-    """The general path: the result, and a Plan for repeating it when it is a single array from one program."""
+    """The general path: the result, and a Plan for repeating it when it is one array, or a flat tuple of
+    arrays, from one program."""
     fn = eager_lowering(op)
     if fn is None:
         dec = lowering.decomposition(op)  # a factory's, run as it is (decomposed.traceable)
@@ -307,7 +304,7 @@ def _run_functional(op: Any, args: tuple, kwargs: dict) -> tuple[Any, plans.Plan
         # buffers) would hand it the buffers instead
         plannable = not any(type(x) is T.Operand for x in _leaves(jargs, jkwargs))
         jargs, jkwargs = op_jit.materialise(jargs, jkwargs)
-        jargs, jkwargs = _map(lambda x: x.astype(promote_to) if _is_array(x) else x, jargs, jkwargs)
+        jargs, jkwargs = _map(lambda x: x.astype(promote_to) if plans.is_array(x) else x, jargs, jkwargs)
     try:
         res, program = op_jit.call_with_program(op, fn, jargs, jkwargs, precision.current(),
                                                 not lowering.is_random(op))

@@ -5,10 +5,11 @@ as one jitted XLA program when a value is needed.
 plan (a program with one output array or a flat tuple of them: the great majority of a forward) becomes a
 `Node` holding its program and its inputs (arrays, or other nodes); its tensor's Buffer is lazy, with the
 node as its loader (a multi-output op's tensors hang off one `part` node per output). Anything
-that needs the array (`.cpu()`, `.item()`, printing, a branch on a tensor, a copy to another device, a
-write through a view, an op the fast path does not plan, random ops) reads `Buffer.array`, which runs the
-node: the graph of every pending node it depends on becomes one program, cached by its structure (the
-ops' programs, how they connect, which nodes are outputs; JAX adds shapes and dtypes), never by values.
+that needs the array (`.cpu()`, `.item()`, printing, a branch on a tensor, a copy to another device, an
+op the fast path does not plan, random ops) reads `Buffer.array`, which runs the node: the graph of every
+pending node it depends on, and of every other pending node whose tensor is still held, becomes one
+program, cached by its structure (the ops' programs, how they connect, which nodes are outputs; JAX adds
+shapes and dtypes), never by values. Writes into views are nodes too (tensor.defer_write).
 
 Semantics stay Strict's: a node captures its inputs' arrays when the op is issued (JAX arrays are
 immutable, so later writes cannot change what it reads); random ops run as in Strict, so a seed gives the
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import functools
 import os
 import threading
 import weakref
@@ -137,6 +139,7 @@ def defer(fn: Callable[[list[Any]], Any], inputs: list[Any], op: Any) -> Node:
     return node
 
 
+@functools.cache  # one getter per index, so graphs that differ in nothing else share a program
 def _getter(i: int) -> Callable[[list[Any]], Any]:
     def get(inputs: list[Any]) -> Any:
         return inputs[0][i]
@@ -144,18 +147,11 @@ def _getter(i: int) -> Callable[[list[Any]], Any]:
     return get
 
 
-_getters: dict[int, Callable[[list[Any]], Any]] = {}
-
-
 def part(node: Node, i: int) -> Node:
     """Output `i` of a multi-output node (whose value is a tuple of arrays), as a node of its own: the
-    tensors hang off these, and the multi-output node is an internal of the graph. One getter function
-    per index, so graphs that differ in nothing else share a program."""
-    get = _getters.get(i)
-    if get is None:
-        get = _getters[i] = _getter(i)
+    tensors hang off these, and the multi-output node is an internal of the graph."""
     size = 1 + node.size if node.value is None else 1
-    return Node(get, [node], node.aval[i], node.op, size)
+    return Node(_getter(i), [node], node.aval[i], node.op, size)
 
 
 def resolve(x: Any) -> Any:

@@ -65,20 +65,21 @@ class Plan:
 table: dict[Any, Plan] = {}
 
 
-def _is_array(x: Any) -> bool:
+def is_array(x: Any) -> bool:
+    """A JAX array (or tracer, or numpy array), not a torch tensor."""
     return hasattr(x, "shape") and hasattr(x, "dtype") and not isinstance(x, torch.Tensor)
 
 
 def make(fn: Callable[..., Any], program: Callable[..., Any], promote_to: Any, res: Any, out: Any) -> Plan | None:
     """The plan for repeating a general-path call whose program returned `res` and whose tensors are `out`;
     None when the result is not one array or a flat tuple (list) of arrays, each a tensor of `out`."""
-    if _is_array(res) and isinstance(out, torch.Tensor):
+    if is_array(res) and isinstance(out, torch.Tensor):
         want = dtypes.to_jax(out.dtype)
         return Plan(fn, program, promote_to, (out.dtype,), (want if want != res.dtype else None,), None)
     # a named tuple (torch.return_types, a decomposition's) is handed back as a plain tuple: the dispatcher
     # unpacks either alike
     if (isinstance(res, tuple | list) and isinstance(out, tuple | list) and res and len(res) == len(out)
-            and all(_is_array(r) for r in res) and all(isinstance(o, torch.Tensor) for o in out)):
+            and all(is_array(r) for r in res) and all(isinstance(o, torch.Tensor) for o in out)):
         wants = [dtypes.to_jax(o.dtype) for o in out]
         casts = tuple(w if w != r.dtype else None for w, r in zip(wants, res, strict=True))
         return Plan(fn, program, promote_to, tuple(o.dtype for o in out), casts,
