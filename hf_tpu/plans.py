@@ -41,15 +41,17 @@ class Plan:
         self.whole = self._whole()
 
     def _whole(self) -> Callable[[list[Any]], Any]:
-        """The plan as one function of its arrays (promotion, program, casts): a fused-mode node."""
-        program, promote_to, casts = self.program, self.promote_to, self.casts
+        """The plan as one function of its arrays (promotion, program, casts): what Strict runs and what a
+        fused-mode node records. It reads `self.program` per call, so a program swapped on the plan (the
+        tests' call counters) is the one that runs."""
+        promote_to, casts = self.promote_to, self.casts
         if self.multi is None:
             cast = casts[0]
 
             def whole(arrays: list[Any]) -> Any:
                 if promote_to is not None:
                     arrays = [a.astype(promote_to) for a in arrays]
-                res = program(*arrays)
+                res = self.program(*arrays)
                 return res if cast is None else res.astype(cast)
 
             return whole
@@ -57,7 +59,8 @@ class Plan:
         def whole_multi(arrays: list[Any]) -> tuple[Any, ...]:
             if promote_to is not None:
                 arrays = [a.astype(promote_to) for a in arrays]
-            return tuple(r if c is None else r.astype(c) for r, c in zip(program(*arrays), casts, strict=True))
+            return tuple(r if c is None else r.astype(c)
+                         for r, c in zip(self.program(*arrays), casts, strict=True))
 
         return whole_multi
 
@@ -145,22 +148,15 @@ def block(x: Any) -> None:
 
 def run(plan: Plan, arrays: list[Any], blocking: bool) -> Any:
     """Strict: the op's result now, as tpu tensors."""
-    if plan.promote_to is not None:
-        arrays = [a.astype(plan.promote_to) for a in arrays]
-    res = plan.program(*arrays)
+    res = plan.whole(arrays)
     if plan.multi is None:
-        if plan.casts[0] is not None:
-            res = res.astype(plan.casts[0])
         if blocking:
             block(res)
         return T.wrap(res, plan.out_dtypes[0])
-    outs = []
-    for r, c, dt in zip(res, plan.casts, plan.out_dtypes, strict=True):
-        r = r if c is None else r.astype(c)
-        if blocking:
+    if blocking:
+        for r in res:
             block(r)
-        outs.append(T.wrap(r, dt))
-    return plan.multi(outs)
+    return plan.multi(T.wrap(r, dt) for r, dt in zip(res, plan.out_dtypes, strict=True))
 
 
 def defer(plan: Plan, arrays: list[Any], op: Any) -> Any:

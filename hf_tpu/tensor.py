@@ -223,9 +223,13 @@ def _conform(new: Any, shape: tuple[int, ...], dtype: Any, frame: tuple[int, ...
         from hf_tpu import runtime
 
         jax = runtime.jax()
-        _conform_program = jax.jit(lambda x, shape, dtype, frame: jax.numpy.broadcast_to(x.astype(dtype), shape)
-                                   .reshape(frame), static_argnums=(1, 2, 3))
+        _conform_program = jax.jit(_conformed, static_argnums=(1, 2, 3))
     return _conform_program(new, shape, dtype, frame)
+
+
+def _conformed(x: Any, shape: tuple[int, ...], dtype: Any, frame: tuple[int, ...]) -> Any:
+    """x cast to dtype, broadcast to shape, reshaped to the frame a write takes; traceable."""
+    return _jnp().broadcast_to(x.astype(dtype), shape).reshape(frame)
 
 
 def adopt_pending(t: torch.Tensor, res: torch.Tensor) -> bool:
@@ -288,9 +292,8 @@ def _write_fn(view: views.View | None, src_key: tuple | None, shape: tuple[int, 
               frame: tuple[int, ...]) -> Callable[[list[Any]], Any]:
     """The node function of a deferred write: one per geometry, so graphs that repeat share programs."""
     def write(inputs: list[Any]) -> Any:
-        jnp = _jnp()
         new = inputs[-1] if src_key is None else apply_operand(inputs[-1], src_key)
-        new = jnp.broadcast_to(new.astype(dtype), shape).reshape(frame)
+        new = _conformed(new, shape, dtype, frame)
         return new if view is None else views.write(inputs[0], view, new)
 
     return write
