@@ -3,13 +3,15 @@ change to COLUMNS and say what changed in CHANGES, so nightly files of different
 
 from __future__ import annotations
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 CHANGES = {
     1: "first version",
     2: "cause and control_error: a compile_fail/fail_to_run row's attribution by its control run "
        "(harness/sweep/control.py); empty in version-1 files, which read as version 2 with these columns empty",
     3: "numerics verdict columns: rel_rmse, reference, uninformative, nondeterministic, canary "
        "(empty in older files)",
+    4: "drew: the random draws a forward made, served from the shared seeded CPU stream "
+       "(harness/sweep/draws.py), function:count;... (empty in older files)",
 }
 CAUSES = ("backend", "upstream")  # the control works | the control fails too
 
@@ -57,6 +59,8 @@ COLUMNS: list[tuple[str, str, str]] = [
     ("uninformative", "str", "why no baseline output carries information (zeros, constant, not finite, "
                              "unchanged when the input changes); '' when informative"),
     ("nondeterministic", "str", "two tpu runs of the same inputs differed: where and by how much; '' otherwise"),
+    ("drew", "str", "random draws the baseline forward made (function:count;...), all served from one seeded CPU "
+                    "stream in every run (harness/sweep/draws.py); '' when it drew nothing"),
     ("canary", "str", "--canary: caught | missed | untouched (fault, detail); '' when not run"),
     ("compile_s", "float", "seconds spent compiling (compiled mode: first call minus steady state)"),
     ("first_run_s", "float", "seconds for the first call"),
@@ -80,7 +84,8 @@ KEY = ("entry_id", "mode")
 # Columns added after version 1, with the version that added them: a file of an older version lacks them and
 # reads with them empty (readers: harness.sweep.results.read_csv, harness.ci.runs.read_results_csv).
 ADDED_IN: dict[str, int] = {"cause": 2, "control_error": 2, "rel_rmse": 3, "reference": 3, "uninformative": 3,
-                            "nondeterministic": 3, "canary": 3}
+                            "nondeterministic": 3, "canary": 3,
+                            "drew": 4}
 
 
 def absent_in(version: int) -> list[str]:

@@ -25,7 +25,7 @@ from harness.entry_calls import (  # noqa: F401  (re-exported: repro scripts wri
     to_cpu,
 )
 from harness.schema import SCHEMA_VERSION
-from harness.sweep import control, emulate, errors, informative, numerics
+from harness.sweep import control, draws, emulate, errors, informative, numerics
 from harness.sweep.device import Device, backend_phase
 from harness.sweep.options import SweepOptions
 
@@ -100,7 +100,8 @@ def run_entry(entry, modes: tuple[str, ...], opts: SweepOptions, device: Device,
             # codebook caches `_embed`), which `.to("tpu")` would not move; every run starts from the pristine
             # built model, as a user's freshly loaded one does
             bmodel = prepare_model(built.model, base_dev, dtype if low_precision else None, rebuild)
-            with emulate.matmul_precision(opts.precision if base_dev is None else "highest"):
+            with emulate.matmul_precision(opts.precision if base_dev is None else "highest"), \
+                    draws.shared_draws(opts.seed) as drawn:
                 # the baseline at the backend's matmul precision: the fp64 rule stays precision-aware
                 ref = to_cpu(output_tensors(call(bmodel, prepare_inputs(built.inputs, base_dev,
                                                                           dtype if low_precision else None))))
@@ -116,7 +117,8 @@ def run_entry(entry, modes: tuple[str, ...], opts: SweepOptions, device: Device,
             with torch.no_grad():
                 torch.manual_seed(opts.seed)
                 rmodel = prepare_model(built.model, None, torch.float64, rebuild)
-                fp64 = to_cpu(output_tensors(call(rmodel, prepare_inputs(built.inputs, None, torch.float64))))
+                with draws.shared_draws(opts.seed):
+                    fp64 = to_cpu(output_tensors(call(rmodel, prepare_inputs(built.inputs, None, torch.float64))))
             del rmodel
         except Exception:  # noqa: BLE001  (no fp64 reference: allclose alone decides)
             fp64 = None
@@ -126,7 +128,7 @@ def run_entry(entry, modes: tuple[str, ...], opts: SweepOptions, device: Device,
     reference = "valid" if ref_ok else ("none" if fp64 is None else f"invalid: {ref_why}")
     fp64 = fp64 if ref_ok else None
     for m in modes:
-        rows[m].update(reference=errors.normalise(reference), uninformative=uninformative)
+        rows[m].update(reference=errors.normalise(reference), uninformative=uninformative, drew=drawn.summary())
 
     for mode in modes:
         emit("phase", mode)
@@ -158,7 +160,8 @@ def _uninformative(built, bmodel, ref: dict, opts: SweepOptions, device, dtype) 
         if pin is not None:
             try:
                 torch.manual_seed(opts.seed)
-                perturbed = to_cpu(output_tensors(built.call(bmodel, prepare_inputs(pin, device, dtype))))
+                with draws.shared_draws(opts.seed):
+                    perturbed = to_cpu(output_tensors(built.call(bmodel, prepare_inputs(pin, device, dtype))))
             except Exception:  # noqa: BLE001  (perturbed inputs the model refuses: no evidence either way)
                 perturbed = None
     return informative.uninformative(ref, perturbed)
@@ -193,7 +196,8 @@ def run_mode(mode: str, built, ref: dict, fp64: dict | None, opts: SweepOptions,
             torch.manual_seed(opts.seed)
             phase = "first"
             t0 = time.perf_counter()
-            res = to_cpu(output_tensors(fn(model, prepare_inputs(built.inputs, device.name, dtype))))
+            with draws.shared_draws(opts.seed):
+                res = to_cpu(output_tensors(fn(model, prepare_inputs(built.inputs, device.name, dtype))))
             first = time.perf_counter() - t0
             n = opts.repeats if first < 2.0 else (1 if first < 60.0 or mode == "compiled" else 0)
             times = []
@@ -202,7 +206,8 @@ def run_mode(mode: str, built, ref: dict, fp64: dict | None, opts: SweepOptions,
                 inputs = prepare_inputs(built.inputs, device.name, dtype)
                 torch.manual_seed(opts.seed)
                 t0 = time.perf_counter()
-                again = to_cpu(output_tensors(fn(model, inputs)))
+                with draws.shared_draws(opts.seed):
+                    again = to_cpu(output_tensors(fn(model, inputs)))
                 times.append(time.perf_counter() - t0)
                 if not row.get("nondeterministic"):
                     row["nondeterministic"] = errors.normalise(informative.first_difference(res, again))
@@ -272,7 +277,8 @@ def _canary_once(fault, mode: str, built, ref: dict, fp64: dict | None, clean: d
                 fn = compile_for_sweep(built.call, model, device.compile_backend)
             with torch.no_grad(), backend_phase():
                 torch.manual_seed(opts.seed)
-                faulty = to_cpu(output_tensors(fn(model, prepare_inputs(built.inputs, device.name, dtype))))
+                with draws.shared_draws(opts.seed):
+                    faulty = to_cpu(output_tensors(fn(model, prepare_inputs(built.inputs, device.name, dtype))))
         if mode == "compiled":
             torch._dynamo.reset()  # no faulty program is reused by a later entry
     except Exception as exc:  # noqa: BLE001
