@@ -449,8 +449,8 @@ def _generic_view(op: Any, args: tuple, kwargs: dict) -> torch.Tensor | list[tor
             _view_results[key] = hit
     many, made = hit
     if not many:
-        return T.view_of(p.buf, made[0][0], src.dtype, made[0][1])
-    return [T.view_of(p.buf, size, src.dtype, view) for size, view in made]
+        return T.view_of(p.buf, made[0][0], src.dtype, made[0][1], src)
+    return [T.view_of(p.buf, size, src.dtype, view, src) for size, view in made]
 
 
 def _off_device_factory(op: Any, args: tuple, kwargs: dict) -> Any:

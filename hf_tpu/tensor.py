@@ -86,6 +86,17 @@ def _create(shape: tuple[int, ...] | list[int], dtype: torch.dtype) -> torch.Ten
     return torch._C._acc.create_empty_tensor(list(shape), dtype)
 
 
+def _create_view(shape: Any, dtype: torch.dtype, base: torch.Tensor | None) -> torch.Tensor:
+    """An empty tensor to hold a view of `base`. Under inference_mode a tensor created here is an inference
+    tensor, but a view of a normal tensor must be normal: autograd's view tracking then gives it base's
+    version counter, which an inference tensor refuses ("Cannot set version_counter for inference tensor",
+    e.g. `weight.t()` in nn.Linear). CPU's views are normal because they copy base's dispatch keys."""
+    if base is not None and torch.is_inference_mode_enabled() and not base.is_inference():
+        with torch.inference_mode(False):
+            return _create(shape, dtype)
+    return _create(shape, dtype)
+
+
 def wrap(array: Any, dtype: torch.dtype | None = None) -> torch.Tensor:
     """A new tpu tensor owning `array` (a jax.Array, possibly a tracer)."""
     if dtype is None:
@@ -308,7 +319,7 @@ def replace(t: torch.Tensor, new: Any) -> None:
 def make_view(src: torch.Tensor, size: list[int], stride: list[int], offset: int) -> torch.Tensor:
     """A new tensor that aliases src's buffer as `src.as_strided(size, stride, offset)` in src's logical
     (row-major) frame."""
-    return view_of(payload(src).buf, size, src.dtype, compose_view(src, size, stride, offset))
+    return view_of(payload(src).buf, size, src.dtype, compose_view(src, size, stride, offset), src)
 
 
 def compose_view(src: torch.Tensor, size: Any, stride: Any, offset: int) -> views.View | None:
@@ -317,9 +328,11 @@ def compose_view(src: torch.Tensor, size: Any, stride: Any, offset: int) -> view
     return views.compose(p.view, src.numel(), p.buf.numel, size, stride, offset)
 
 
-def view_of(buf: Buffer, size: Any, dtype: torch.dtype, view: views.View | None) -> torch.Tensor:
-    """A new tensor of `size` reading `view` of `buf` (a geometry from compose_view, or None: all of it)."""
-    out = _create(size, dtype)
+def view_of(buf: Buffer, size: Any, dtype: torch.dtype, view: views.View | None,
+            base: torch.Tensor | None = None) -> torch.Tensor:
+    """A new tensor of `size` reading `view` of `buf` (a geometry from compose_view, or None: all of it);
+    `base` is the tensor it is a view of (see _create_view)."""
+    out = _create_view(size, dtype, base)
     out.untyped_storage()._hf_tpu = Payload(buf, view)
     return out
 
@@ -327,7 +340,7 @@ def view_of(buf: Buffer, size: Any, dtype: torch.dtype, view: views.View | None)
 def view_reshape(src: torch.Tensor, size: list[int]) -> torch.Tensor:
     p = payload(src)
     if p.view is None:  # a reshape of the whole buffer: no geometry at all
-        out = _create(size, src.dtype)
+        out = _create_view(size, src.dtype, src)
         out.untyped_storage()._hf_tpu = Payload(p.buf, None)
         return out
     return make_view(src, size, list(views._contiguous_strides(size)), 0)
