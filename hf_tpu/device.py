@@ -233,6 +233,7 @@ PER_OP_KERNELS = (
     "empty_strided",
     "_copy_from",
     "_copy_from_and_resize",
+    "convolution_backward_overrideable",  # its composite kernel only raises (backward_lowerings.py)
     "_neg_view",  # composite: it would set the negative bit (dispatch._conj says why not)
 )
 _aten_lib: torch.library.Library | None = None

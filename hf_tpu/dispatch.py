@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
-from hf_tpu import decomposed, dtypes, fused, lowering, op_jit, plans, precision
+from hf_tpu import backward_lowerings, decomposed, dtypes, fused, lowering, op_jit, plans, precision
 from hf_tpu import tensor as T
 
 aten = torch.ops.aten
@@ -249,7 +249,7 @@ def eager_lowering(op: Any) -> Callable[..., Any] | None:
     """The JAX function eager mode runs `op` with: its lowering, or else its decomposition traced as one
     program (decomposed.py). Compiled mode decomposes in the graph instead (compile.py). `lowering.find` is
     looked up on every call, so a lowering replaced at run time (the canary's fault) is honoured."""
-    fn = lowering.find(op)
+    fn = backward_lowerings.find(op) or lowering.find(op)
     # keyed by `lowering.find` too: a traced decomposition has its sub-ops' lowerings baked in, so a replaced
     # lowering (the canary's fault in bmm) must give SDPA's decomposition a new program
     return fn if fn is not None else _decomposed(op, lowering.find)
@@ -515,7 +515,23 @@ def _conj(src: torch.Tensor) -> torch.Tensor:
     return dispatch(aten._conj_physical.default, (src,), {})
 
 
+def _native_batch_norm(x: Any, weight: Any, bias: Any, running_mean: Any, running_var: Any, training: bool,
+                       momentum: float, eps: float) -> Any:
+    """native_batch_norm updates running_mean/var in place in training, though its schema does not mark them
+    written, so its functional lowering left a BatchNorm's running statistics at their initial values on
+    tpu. Training runs the functional form (PyTorch's decomposition returns the new statistics) and copies
+    them into the buffers."""
+    args = (x, weight, bias, running_mean, running_var, training, momentum, eps)
+    if not training or running_mean is None or running_var is None:
+        return run_functional(aten.native_batch_norm.default, args, {})
+    out, mean, rstd, new_mean, new_var = run_functional(aten._native_batch_norm_legit_functional.default, args, {})
+    running_mean.copy_(new_mean)
+    running_var.copy_(new_var)
+    return out, mean, rstd
+
+
 SPECIAL: dict[Any, Callable[..., Any]] = {
+    aten.native_batch_norm.default: _native_batch_norm,
     aten._conj.default: _conj,
     aten._neg_view.default: lambda src: dispatch(aten.neg.default, (src,), {}),
     aten.view_as_real.default: _view_as_real,

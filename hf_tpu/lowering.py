@@ -11,6 +11,7 @@ Hand-written lowerings (torchax 0.0.13 has none for these):
   zero               -> zeros_like (PyTorch's decomposition of zero_ calls zeros_like, which calls zero_)
   _upsample_*2d_aa   -> jax.image.scale_and_translate (torchax's calls a JAX internal that changed)
   _grouped_mm        -> jax.lax.ragged_dot (MoE experts in compiled graphs; eager runs PyTorch's composite)
+  convolution        -> torchax's, with a grouped transposed convolution's weight laid out right
   _index_put_impl    -> torchax's index_put (autograd's backward of advanced indexing calls it)
   view.dtype         -> lax.bitcast_convert_type (a copy, not an alias: writes through it do not reach the
                         source, as with view_as_real; safetensors' get_tensor on tpu reads bytes as uint8
@@ -157,6 +158,22 @@ def _cholesky_ex(a: Any, upper: bool = False, check_errors: bool = False) -> Any
     return (jnp.swapaxes(lower, -1, -2).conj() if upper else lower), info
 
 
+def _convolution(x: Any, weight: Any, bias: Any, stride: Any, padding: Any, dilation: Any, transposed: bool,
+                 output_padding: Any, groups: int) -> Any:
+    """torchax's convolution, with the weight of a grouped transposed convolution rearranged first: torchax
+    reshapes [C_in, C_out/g, k..] straight to [C_in/g, C_out, k..], mixing groups (conv_transpose with
+    groups > 1 gave wrong values, and so did its gradients); the right layout puts each group's C_out/g
+    output channels side by side, which this transpose does before torchax's reshape."""
+    table = load_op_table()[0]
+    entry = table.get(aten.convolution.default) or table[aten.convolution]
+    if transposed and groups != 1:
+        g = int(groups)
+        cin, cout_g, *k = weight.shape
+        w = weight.reshape(g, cin // g, cout_g, *k).swapaxes(0, 1)
+        weight = w.reshape(cin, cout_g, *k)
+    return entry.func(x, weight, bias, stride, padding, dilation, transposed, output_padding, groups)
+
+
 def _upsample_aa(method: str) -> Callable[..., Any]:
     """_upsample_{bilinear,bicubic}2d_aa (antialiased resize) through jax.image.scale_and_translate, the public
     API: torchax 0.0.13's lowering calls a private JAX table whose entries are no longer callables ('tuple'
@@ -189,6 +206,7 @@ HAND_LOWERINGS: dict[Any, Callable[..., Any]] = {
     aten._upsample_bilinear2d_aa.default: _upsample_aa("linear"),
     aten._upsample_bicubic2d_aa.default: _upsample_aa("cubic"),
     aten._grouped_mm.default: _grouped_mm,
+    aten.convolution.default: _convolution,
     aten._index_put_impl.default: _index_put_impl,
     aten.linalg_cholesky_ex.default: _cholesky_ex,
     aten.view.dtype: view_dtype,
