@@ -3,7 +3,7 @@ change to COLUMNS and say what changed in CHANGES, so nightly files of different
 
 from __future__ import annotations
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 CHANGES = {
     1: "first version",
     2: "cause and control_error: a compile_fail/fail_to_run row's attribution by its control run "
@@ -12,6 +12,8 @@ CHANGES = {
        "(empty in older files)",
     4: "drew: the random draws a forward made, served from the shared seeded CPU stream "
        "(harness/sweep/draws.py), function:count;... (empty in older files)",
+    5: "ties: near-tied ranking selections in the baseline (harness/sweep/ties.py), compared up to tie order "
+       "(empty in older files)",
 }
 CAUSES = ("backend", "upstream")  # the control works | the control fails too
 
@@ -61,6 +63,8 @@ COLUMNS: list[tuple[str, str, str]] = [
     ("nondeterministic", "str", "two tpu runs of the same inputs differed: where and by how much; '' otherwise"),
     ("drew", "str", "random draws the baseline forward made (function:count;...), all served from one seeded CPU "
                     "stream in every run (harness/sweep/draws.py); '' when it drew nothing"),
+    ("ties", "str", "ranking selections (topk/sort/argmax) whose baseline scores had near-ties, op(size):count;...; "
+                    "outputs selected by them are compared up to tie order"),
     ("canary", "str", "--canary: caught | missed | untouched (fault, detail); '' when not run"),
     ("compile_s", "float", "seconds spent compiling (compiled mode: first call minus steady state)"),
     ("first_run_s", "float", "seconds for the first call"),
@@ -85,7 +89,7 @@ KEY = ("entry_id", "mode")
 # reads with them empty (readers: harness.sweep.results.read_csv, harness.ci.runs.read_results_csv).
 ADDED_IN: dict[str, int] = {"cause": 2, "control_error": 2, "rel_rmse": 3, "reference": 3, "uninformative": 3,
                             "nondeterministic": 3, "canary": 3,
-                            "drew": 4}
+                            "drew": 4, "ties": 5}
 
 
 def absent_in(version: int) -> list[str]:

@@ -13,6 +13,7 @@ import math
 import statistics
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from importlib import metadata
 
 from harness.entry_calls import (  # noqa: F401  (re-exported: repro scripts written earlier import them here)
@@ -25,7 +26,7 @@ from harness.entry_calls import (  # noqa: F401  (re-exported: repro scripts wri
     to_cpu,
 )
 from harness.schema import SCHEMA_VERSION
-from harness.sweep import control, draws, emulate, errors, informative, numerics
+from harness.sweep import control, draws, emulate, errors, informative, numerics, ties
 from harness.sweep.device import Device, backend_phase
 from harness.sweep.options import SweepOptions
 
@@ -101,7 +102,7 @@ def run_entry(entry, modes: tuple[str, ...], opts: SweepOptions, device: Device,
             # built model, as a user's freshly loaded one does
             bmodel = prepare_model(built.model, base_dev, dtype if low_precision else None, rebuild)
             with emulate.matmul_precision(opts.precision if base_dev is None else "highest"), \
-                    draws.shared_draws(opts.seed) as drawn:
+                    draws.shared_draws(opts.seed) as drawn, ties.TieWatch() as tied:
                 # the baseline at the backend's matmul precision: the fp64 rule stays precision-aware
                 ref = to_cpu(output_tensors(call(bmodel, prepare_inputs(built.inputs, base_dev,
                                                                           dtype if low_precision else None))))
@@ -124,11 +125,13 @@ def run_entry(entry, modes: tuple[str, ...], opts: SweepOptions, device: Device,
             fp64 = None
     # a reference that does not agree with the baseline to within its noise (another random draw, another
     # code path in float64) compares nothing: the row is judged without it, and says so
+    tol = replace(tol, tie_sizes=frozenset(tied.sizes))
     ref_ok, ref_why = numerics.reference_valid(ref, fp64, tol) if fp64 is not None else (False, "")
     reference = "valid" if ref_ok else ("none" if fp64 is None else f"invalid: {ref_why}")
     fp64 = fp64 if ref_ok else None
     for m in modes:
-        rows[m].update(reference=errors.normalise(reference), uninformative=uninformative, drew=drawn.summary())
+        rows[m].update(reference=errors.normalise(reference), uninformative=uninformative, drew=drawn.summary(),
+                       ties=tied.summary())
 
     for mode in modes:
         emit("phase", mode)
@@ -215,7 +218,7 @@ def run_mode(mode: str, built, ref: dict, fp64: dict | None, opts: SweepOptions,
         row.update(first_run_s=first, run_s=steady)
         if mode == "compiled" and times:
             row["compile_s"] = max(0.0, first - steady)
-        cmp = numerics.compare_outputs(ref, res, fp64, tol)
+        cmp = numerics.compare_outputs(ref, res, fp64, tol, tol.tie_sizes)
         row.update(cmp.metrics())
         row["status"] = "pass" if cmp.match else "fail_accuracy"
         if not cmp.match:
@@ -283,6 +286,6 @@ def _canary_once(fault, mode: str, built, ref: dict, fp64: dict | None, clean: d
             torch._dynamo.reset()  # no faulty program is reused by a later entry
     except Exception as exc:  # noqa: BLE001
         return errors.normalise(f"error ({fault}: {type(exc).__name__}: {exc})")
-    cmp = numerics.compare_outputs(ref, faulty, fp64, tol)
+    cmp = numerics.compare_outputs(ref, faulty, fp64, tol, tol.tie_sizes)
     outcome = canary.outcome(cmp.match, faulty, clean)
     return f"{outcome} ({fault}, rel rmse {cmp.rel_rmse:.3g}, rmse ratio {cmp.rmse_ratio:.3g})"
