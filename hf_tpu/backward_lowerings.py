@@ -119,6 +119,12 @@ def _convolution_backward(grad: Any, x: Any, weight: Any, stride: Any, padding: 
     return (gx if output_mask[0] else None, gw if output_mask[1] else None, gb)
 
 
+def _convolution_backward_graph(grad: Any, x: Any, weight: Any, bias_sizes: Any, *rest: Any) -> tuple[Any, Any, Any]:
+    """aten.convolution_backward, which AOTAutograd puts in compiled graphs: the overrideable form plus the
+    bias's sizes (its gradient's shape is the channel count either way)."""
+    return _convolution_backward(grad, x, weight, *rest)
+
+
 def _grid_sampler(fwd_op: Any) -> Callable[..., Any]:
     def backward(grad: Any, x: Any, grid: Any, mode: int, padding_mode: int, align_corners: bool,
                  output_mask: Any) -> tuple[Any, Any]:
@@ -208,6 +214,7 @@ def _embedding_bag_per_sample_weights_backward(grad: Any, weight: Any, indices: 
 
 BACKWARD_LOWERINGS: dict[Any, Callable[..., Any]] = {
     aten.convolution_backward_overrideable.default: _convolution_backward,
+    aten.convolution_backward.default: _convolution_backward_graph,
     aten.avg_pool2d_backward.default: _grad_of_self(aten.avg_pool2d.default),
     aten.avg_pool3d_backward.default: _grad_of_self(aten.avg_pool3d.default),
     aten._adaptive_avg_pool2d_backward.default: _adaptive_avg(aten._adaptive_avg_pool2d.default, 2),

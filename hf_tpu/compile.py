@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
-from hf_tpu import dtypes, fused, lowering, precision
+from hf_tpu import backward_lowerings, dtypes, fused, lowering, precision
 from hf_tpu import tensor as T
 from hf_tpu.torchax_compat import load_op_table
 
@@ -123,7 +123,7 @@ _SYMBOLIC_SCALARS = (torch.SymInt, torch.SymFloat, torch.SymBool, int, float, bo
 
 
 def _lower_node_target(target: Any) -> Callable[..., Any]:
-    fn = GRAPH_LOWERINGS.get(target) or lowering.find(target)
+    fn = GRAPH_LOWERINGS.get(target) or backward_lowerings.find(target) or lowering.find(target)
     if fn is None:
         raise lowering.NoLowering(target, " (in a compiled graph)")
     return fn
