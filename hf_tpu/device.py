@@ -14,99 +14,6 @@ _registered = False
 _lib: torch.library.Library | None = None
 
 
-class TpuModule:
-    """`torch.tpu`: the device module PyTorch and accelerate look up by the backend's name."""
-
-    @staticmethod
-    def is_available() -> bool:
-        return True
-
-    @staticmethod
-    def is_initialized() -> bool:
-        return True
-
-    @staticmethod
-    def _is_in_bad_fork() -> bool:
-        return False
-
-    @staticmethod
-    def device_count() -> int:
-        return 1
-
-    @staticmethod
-    def current_device() -> int:
-        return 0
-
-    @staticmethod
-    def set_device(device: Any) -> None:
-        from hf_tpu.dispatch import check_device
-
-        check_device(torch.device(NAME, device) if isinstance(device, int) else device)
-
-    @staticmethod
-    def synchronize(device: Any = None) -> None:
-        """Wait for all queued tpu work (JAX dispatches asynchronously)."""
-        if _jax_started():
-            from hf_tpu import runtime
-
-            for a in runtime.jax().live_arrays():
-                a.block_until_ready()
-
-    @staticmethod
-    def manual_seed(seed: int) -> None:
-        from hf_tpu import rng
-
-        rng.seed(seed)
-
-    manual_seed_all = manual_seed
-
-    @staticmethod
-    def seed() -> None:
-        from hf_tpu import rng
-
-        rng.seed(torch.seed())
-
-    seed_all = seed
-
-    @staticmethod
-    def initial_seed() -> int:
-        return torch.initial_seed()
-
-    @staticmethod
-    def get_rng_state(device: Any = None) -> torch.Tensor:
-        return torch.empty(0, dtype=torch.uint8)
-
-    @staticmethod
-    def set_rng_state(state: Any, device: Any = None) -> None:
-        pass
-
-    @staticmethod
-    def is_bf16_supported(including_emulation: bool = True) -> bool:
-        return True
-
-    @staticmethod
-    def get_amp_supported_dtype() -> list[torch.dtype]:
-        return [torch.bfloat16, torch.float16]
-
-    @staticmethod
-    def empty_cache() -> None:
-        pass
-
-    @staticmethod
-    def memory_allocated(device: Any = None) -> int:
-        if not _jax_started():
-            return 0
-        from hf_tpu import runtime
-
-        return sum(a.nbytes for a in runtime.jax().live_arrays())
-
-    @staticmethod
-    def get_device_name(device: Any = None) -> str:
-        from hf_tpu import backend_info
-
-        return f"tpu (hf_tpu on JAX {backend_info()['platform']})"
-
-
 def _jax_started() -> bool:
     import sys
 
@@ -272,11 +179,11 @@ def register() -> bool:
         return False  # torch_tpu (or another backend) took PrivateUse1 first
     from torch.utils.backend_registration import _setup_privateuseone_for_python_backend
 
-    from hf_tpu import module_moves, precision
+    from hf_tpu import module_moves, precision, tpu_api
 
     for fn in (_fallback, _direct, _direct_inplace_view):
         _never_traced_by_dynamo(fn)
-    _setup_privateuseone_for_python_backend(NAME, backend_module=TpuModule(), hook=_Hooks(), device_guard=_Guard())
+    _setup_privateuseone_for_python_backend(NAME, backend_module=tpu_api.build(), hook=_Hooks(), device_guard=_Guard())
     _lib = torch.library.Library("_", "IMPL")  # noqa: TOR901 - a backend fallback, held for the process
     _lib.fallback(_fallback, "PrivateUse1")
     # PyTorch's Python dispatcher (used while Dynamo traces with fake tensors) cannot reach a Python

@@ -27,10 +27,10 @@ _fallback_counts: collections.Counter[str] = collections.Counter()
 _lock = threading.Lock()
 
 
-@functools.cache
 def launch_blocking() -> bool:
-    # Read once per process: it is consulted on every op, and os.environ lookups showed up in profiles.
-    return os.environ.get("TORCH_TPU_LAUNCH_BLOCKING", os.environ.get("TPU_LAUNCH_BLOCKING", "0")) == "1"
+    # A module global, not os.environ: it is consulted on every op, and environment lookups showed up in
+    # profiles. Read from TORCH_TPU_LAUNCH_BLOCKING at import, switched by torch.tpu.set_eager_mode.
+    return fused.LAUNCH_BLOCKING
 
 
 def cpu_fallback_enabled() -> bool:

@@ -39,7 +39,8 @@ def _launch_blocking() -> bool:
     return os.environ.get("TORCH_TPU_LAUNCH_BLOCKING", os.environ.get("TPU_LAUNCH_BLOCKING", "0")) == "1"
 
 
-ACTIVE = os.environ.get("TORCH_TPU_DEFER_AND_FUSE", "0") == "1" and not _launch_blocking()
+LAUNCH_BLOCKING = _launch_blocking()  # read by dispatch per op; switched by torch.tpu's eager modes
+ACTIVE = os.environ.get("TORCH_TPU_DEFER_AND_FUSE", "0") == "1" and not LAUNCH_BLOCKING
 MAX_PENDING = int(os.environ.get("HF_TPU_FUSE_MAX_DEPTH", "1000"))  # a chain this deep runs at once
 
 _lock = threading.RLock()
@@ -74,7 +75,15 @@ def active() -> bool:
 
 def set_active(on: bool) -> None:
     global ACTIVE
-    ACTIVE = bool(on) and not _launch_blocking()
+    ACTIVE = bool(on) and not LAUNCH_BLOCKING
+
+
+def set_launch_blocking(on: bool) -> None:
+    """Run each op to completion as it is issued (errors raise at the op); turns fusing off."""
+    global LAUNCH_BLOCKING, ACTIVE
+    LAUNCH_BLOCKING = bool(on)
+    if LAUNCH_BLOCKING:
+        ACTIVE = False
 
 
 @contextlib.contextmanager

@@ -19,7 +19,35 @@ def _key() -> Any:
 def seed(value: int) -> None:
     from hf_tpu import runtime
 
+    _state.seed = int(value)
     _state.key = runtime.jax().random.PRNGKey(int(value) % (1 << 63))
+
+
+def initial_seed() -> int:
+    """The seed the tpu key was last seeded with (torch's initial seed before any)."""
+    return getattr(_state, "seed", torch.initial_seed())
+
+
+def state_bytes() -> torch.Tensor:
+    """The key as a uint8 CPU tensor (torch.tpu.get_rng_state): set_state_bytes of it repeats the draws."""
+    import numpy as np
+
+    return torch.from_numpy(np.asarray(_key()).astype(np.uint32).view(np.uint8).copy())
+
+
+def set_state_bytes(state: torch.Tensor) -> None:
+    import numpy as np
+
+    from hf_tpu import runtime
+
+    if not isinstance(state, torch.Tensor) or state.dtype != torch.uint8 or state.numel() % 4:
+        raise TypeError("set_rng_state takes the uint8 tensor torch.tpu.get_rng_state() returned, "
+                        f"got {type(state).__name__} {getattr(state, 'dtype', '')} of {getattr(state, 'shape', '')}")
+    words = state.detach().cpu().contiguous().numpy().view(np.uint32)
+    expected = np.asarray(_key()).shape
+    if words.shape != expected:
+        raise ValueError(f"set_rng_state: a tpu state holds {4 * int(np.prod(expected))} bytes, got {state.numel()}")
+    _state.key = runtime.jax().numpy.asarray(words)
 
 
 class RngEnv:
