@@ -3,7 +3,6 @@ hf-tpu like any other op), on CPU, and under torch.compile, with autograd where 
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
 import torch
@@ -68,17 +67,13 @@ def _pool(n: int, input, kernel_size, stride, padding, dilation, ceil_mode) -> t
 
 
 def _pool_backward(n: int, grad_output, input, kernel_size, stride, padding, dilation, ceil_mode) -> torch.Tensor:  # noqa: ANN001, A002
-    # The maxima's positions are recomputed from `input` (as torch_tpu does) and the gradient scattered onto
-    # them. Written out rather than through autograd of F.max_poolNd because hf-tpu's lowering of
-    # max_poolNd_with_indices_backward gives wrong gradients on tpu today (found here; issue 26's area).
+    # The maxima's positions are recomputed from `input`, as torch_tpu does: PyTorch's own VJP of the pooling.
     _check_pool(n, input, kernel_size, stride, padding, dilation)
-    batched = input.dim() == n + 2
-    x, g = (input, grad_output) if batched else (input.unsqueeze(0), grad_output.unsqueeze(0))
-    _, idx = _POOL[n](x, list(kernel_size), list(stride), list(padding), list(dilation), ceil_mode,
-                      return_indices=True)
-    flat = torch.zeros((*x.shape[:2], math.prod(x.shape[2:])), dtype=g.dtype, device=g.device)
-    grad = flat.scatter_add(2, idx.flatten(2), g.flatten(2)).view(x.shape)
-    return grad if batched else grad.squeeze(0)
+    with torch.enable_grad():
+        x = input.detach().requires_grad_(True)
+        y = _POOL[n](x, list(kernel_size), list(stride), list(padding), list(dilation), ceil_mode)
+        (grad,) = torch.autograd.grad(y, x, grad_output)
+    return grad
 
 
 def max_pool1d(input, kernel_size, stride, padding, dilation, ceil_mode) -> torch.Tensor:  # noqa: ANN001, A002
