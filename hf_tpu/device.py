@@ -179,7 +179,7 @@ def register() -> bool:
         return False  # torch_tpu (or another backend) took PrivateUse1 first
     from torch.utils.backend_registration import _setup_privateuseone_for_python_backend
 
-    from hf_tpu import module_moves, precision, tpu_api
+    from hf_tpu import module_moves, precision, serialization, tpu_api
 
     for fn in (_fallback, _direct, _direct_inplace_view):
         _never_traced_by_dynamo(fn)
@@ -196,6 +196,7 @@ def register() -> bool:
         _aten_lib.impl(name, functools.partial(_fallback, op), "PrivateUse1")
     precision.install()
     module_moves.install()
+    serialization.install()
     _registered = True
     return True
 

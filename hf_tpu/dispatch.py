@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
-from hf_tpu import backward_lowerings, decomposed, dtypes, fused, lowering, op_jit, plans, precision
+from hf_tpu import backward_lowerings, decomposed, dtypes, fused, lowering, op_jit, plans, precision, serialization
 from hf_tpu import tensor as T
 
 aten = torch.ops.aten
@@ -548,6 +548,8 @@ SPECIAL: dict[Any, Callable[..., Any]] = {
     aten.as_strided.default: _as_strided,
     aten.resize_.default: _resize_,
     aten.set_.source_Tensor: _set_source_tensor,
+    aten.set_.source_Storage: serialization.set_source_storage,
+    aten.set_.source_Storage_storage_offset: serialization.set_source_storage,
     aten.is_pinned.default: lambda *a, **k: False,
     aten.record_stream.default: lambda *a, **k: None,
 }
