@@ -19,7 +19,8 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
-from hf_tpu import backward_lowerings, decomposed, dtypes, fused, lowering, op_jit, plans, precision, serialization
+from hf_tpu import (backward_lowerings, decomposed, dtypes, fused, lowering, op_jit, plans, precision,
+                    serialization)
 from hf_tpu import tensor as T
 
 aten = torch.ops.aten

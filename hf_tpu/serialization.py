@@ -97,11 +97,12 @@ def _restore(obj: Any, location: str) -> Any:
 
 def _reduce_ex_internal(orig: Any) -> Any:
     def reduce(self: torch.Tensor, proto: int) -> Any:
-        if self.device.type != "tpu" or type(self) is not torch.Tensor and not isinstance(self, torch.nn.Parameter):
+        plain = type(self) is torch.Tensor or isinstance(self, torch.nn.Parameter)
+        if self.device.type != "tpu" or not plain:  # subclasses (wrappers) keep their own path
             return orig(self, proto)
         if torch.serialization._serialization_tls.skip_data:
-            raise RuntimeError("hf_tpu: tpu tensors cannot be saved under torch.serialization.skip_data "
-                               "(like XLA's, their data lives outside PyTorch's storage); move them to CPU first")
+            raise RuntimeError("hf_tpu: tpu tensors cannot be saved under torch.serialization.skip_data (like "
+                               "XLA's, their data lives outside PyTorch's storage); move them to CPU first")
         return (torch._utils._rebuild_device_tensor_from_cpu_tensor,
                 (self.detach().cpu(), self.dtype, str(self.device), self.requires_grad))
 

@@ -50,7 +50,8 @@ def test_state_dict_roundtrip(name: str, weights_only: bool) -> None:
 
 
 def test_cpu_checkpoint_loads_to_tpu() -> None:
-    ref = {"w": torch.randn(3, 4), "h": torch.randn(5, dtype=torch.float16), "i": torch.arange(6).reshape(2, 3)}
+    ref = {"w": torch.randn(3, 4), "h": torch.randn(5, dtype=torch.float16),
+           "i": torch.arange(6).reshape(2, 3)}
     ref["view"] = ref["w"][1:, ::2]  # a view: rebuilt with an offset and strides over the shared storage
     for ml in ("tpu", {"cpu": "tpu"}):
         got = _roundtrip(ref, map_location=ml, weights_only=True)
