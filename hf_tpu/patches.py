@@ -17,6 +17,8 @@ right after the module's own code has run (or at once, if it is already imported
   transformers.core_model_loading  _materialize_copy                 (patch "tpu_direct_materialize")
   transformers.pytorch_utils     id_tensor_storage                   (patch "tpu_storage_identity")
   transformers.utils.output_capturing  _CanRecordRegistry.get        (patch "tpu_output_capture_guards")
+  accelerate.state               PartialState.default_device         (patch "accelerate_tpu_device")
+  safetensors.torch              load_file                           (patch "safetensors_tpu_load_file")
   torch                          Generator                           (patch "tpu_generator_error")
   torch                          Tensor.__deepcopy__                 (patch "tpu_deepcopy")
   torch                          _TorchCompileInductorWrapper        (patch "tpu_default_compile")
@@ -620,9 +622,58 @@ def _patch_output_capture_registry(mod: Any) -> None:
     _mark("tpu_output_capture_guards")
 
 
+# ------------------------------------------------------------------------------------------------ patch 7
+def _patch_accelerate_default_device(mod: Any) -> None:
+    """Upstream: accelerate's `PartialState.default_device` tries MPS, MLU, SDAA, MUSA, NPU, HPU, CUDA, XPU
+    and Neuron by name and otherwise returns `cpu`: a PrivateUse1 accelerator is never chosen, so
+    `Accelerator().device` was `cpu` with `tpu` present and Accelerate-based training silently ran on CPU.
+    Fix: where upstream falls back to CPU and hf_tpu serves `tpu`, the device is `tpu:<current>` (what
+    Transformers' TrainingArguments picks through `torch.accelerator`)."""
+    import torch
+
+    prop = mod.PartialState.default_device
+    if getattr(prop.fget, "_hf_tpu_patched", False):
+        return
+
+    @functools.wraps(prop.fget)
+    def default_device(self: Any) -> Any:
+        dev = prop.fget(self)
+        if dev.type == "cpu" and _tpu_served_by_hf_tpu():
+            return torch.device("tpu", torch.tpu.current_device())
+        return dev
+
+    default_device._hf_tpu_patched = True  # type: ignore[attr-defined]
+    mod.PartialState.default_device = property(default_device)
+    _mark("accelerate_tpu_device")
+
+
+# ------------------------------------------------------------------------------------------------ patch 8
+def _patch_safetensors_load_file(mod: Any) -> None:
+    """Upstream: safetensors' `load_file(path, device="tpu")` fails in its Rust reader ("device tpu is
+    invalid"): it knows only the devices it can write to itself. Fix: read on CPU (memory-mapped), then move
+    each tensor with `.to(device)`, as a user would."""
+    orig = mod.load_file
+    if getattr(orig, "_hf_tpu_patched", False):
+        return
+
+    @functools.wraps(orig)
+    def load_file(filename: Any, device: Any = "cpu") -> dict[str, Any]:
+        import torch
+
+        if _is_hf_tpu_device(device):
+            return {k: v.to(torch.device(device)) for k, v in orig(filename, device="cpu").items()}
+        return orig(filename, device=device)
+
+    load_file._hf_tpu_patched = True  # type: ignore[attr-defined]
+    mod.load_file = load_file
+    _mark("safetensors_tpu_load_file")
+
+
 # ------------------------------------------------------------------------------------------ the import hook
 _TARGETS: dict[str, list[Callable[[Any], None]]] = {
     "accelerate.utils.modeling": [_patch_accelerate_max_memory],
+    "accelerate.state": [_patch_accelerate_default_device],
+    "safetensors.torch": [_patch_safetensors_load_file],
     "transformers.modeling_utils": [_patch_device_map_check, _patch_allocator_warmup, _patch_checkpoint_errors],
     "transformers.core_model_loading": [_patch_materialize_to_tpu],
     "transformers.pytorch_utils": [_patch_storage_identity],
