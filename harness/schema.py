@@ -3,7 +3,7 @@ change to COLUMNS and say what changed in CHANGES, so nightly files of different
 
 from __future__ import annotations
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 CHANGES = {
     1: "first version",
     2: "cause and control_error: a compile_fail/fail_to_run row's attribution by its control run "
@@ -14,6 +14,8 @@ CHANGES = {
        "(harness/sweep/draws.py), function:count;... (empty in older files)",
     5: "ties: near-tied ranking selections in the baseline (harness/sweep/ties.py), compared up to tie order "
        "(empty in older files)",
+    6: "phase (inference | train; files before version 6 read as inference), failed_at, optimizer, and performance "
+       "columns warmup_steps, steady_compilations, recompiles, peak_rss_mb (empty in older files)",
 }
 CAUSES = ("backend", "upstream")  # the control works | the control fails too
 
@@ -37,6 +39,10 @@ MODES = ("eager", "fused", "compiled")  # fused: eager with TORCH_TPU_DEFER_AND_
 # What a sweep runs unless --modes says otherwise (the nightly's). The others are opt-in: their expected
 # results are compared only in runs that swept them (harness/ci/compare.py).
 DEFAULT_MODES = ("eager", "compiled")
+# inference: the entry's forward (no grad); train: N AdamW steps (harness/sweep/train.py). The nightly runs
+# inference only until the full zoo is accepted with both.
+PHASES = ("inference", "train")
+DEFAULT_PHASES = ("inference",)
 
 # (column, type, description)
 COLUMNS: list[tuple[str, str, str]] = [
@@ -45,6 +51,7 @@ COLUMNS: list[tuple[str, str, str]] = [
     ("model_type", "str", "config model_type (or diffusers family)"),
     ("model_class", "str", "model class name"),
     ("task", "str", "task family, e.g. causal-lm, image-classification, diffusion"),
+    ("phase", "str", "inference | train (harness/sweep/train.py)"),
     ("mode", "str", "eager | fused | compiled"),
     ("precision", "str", "float32 matmul precision on tpu: highest | high | medium"),
     ("dtype", "str", "model dtype: float32 | bfloat16"),
@@ -70,6 +77,13 @@ COLUMNS: list[tuple[str, str, str]] = [
     ("first_run_s", "float", "seconds for the first call"),
     ("run_s", "float", "steady-state seconds per call"),
     ("compilations", "int", "XLA programs compiled for this entry"),
+    ("warmup_steps", "int", "calls (inference) or steps (train) until the compile count stopped changing, "
+                            "at most 5; empty when the row was too slow to warm up"),
+    ("steady_compilations", "int", "XLA programs compiled after warmup, in the timed steady calls/steps"),
+    ("recompiles", "str", "'recompiles' when steady_compilations > 0 (TorchTPU's PostWarmupRecompileError)"),
+    ("peak_rss_mb", "float", "peak resident memory of the worker during the row, MiB (VmHWM, reset per row)"),
+    ("failed_at", "str", "train rows that raised: 'step K forward | backward | optimizer'"),
+    ("optimizer", "str", "train rows: the tpu optimizer, 'AdamW fused' or 'AdamW foreach (why not fused)'"),
     ("graph_breaks", "int", "Dynamo graph breaks"),
     ("fallback_ops", "str", "ops that ran on the CPU fallback, op:count;..."),
     ("located_module", "str", "diagnose: first module whose output diverges or raises"),
@@ -84,12 +98,13 @@ COLUMNS: list[tuple[str, str, str]] = [
     ("schema_version", "int", "SCHEMA_VERSION of this row"),
 ]
 COLUMN_NAMES = [c for c, _, _ in COLUMNS]
-KEY = ("entry_id", "mode")
+KEY = ("entry_id", "phase", "mode")
 # Columns added after version 1, with the version that added them: a file of an older version lacks them and
 # reads with them empty (readers: harness.sweep.results.read_csv, harness.ci.runs.read_results_csv).
 ADDED_IN: dict[str, int] = {"cause": 2, "control_error": 2, "rel_rmse": 3, "reference": 3, "uninformative": 3,
                             "nondeterministic": 3, "canary": 3,
-                            "drew": 4, "ties": 5}
+                            "drew": 4, "ties": 5, "phase": 6, "warmup_steps": 6, "steady_compilations": 6,
+                            "recompiles": 6, "peak_rss_mb": 6, "failed_at": 6, "optimizer": 6}
 
 
 def absent_in(version: int) -> list[str]:

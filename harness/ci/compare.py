@@ -95,8 +95,11 @@ def compare(run: Run, expected: Expected, scope: frozenset[str] | None = None) -
     """Classify every (entry, mode) in the union of the run and the expected results; with `scope` (the
     entry ids the run selected, harness.ci.scope), only the expected entries in it."""
     rows: dict[tuple[str, str], dict] = {}
-    actual = run.df.set_index(list(schema.KEY))
-    swept = set(run.df["mode"])
+    # expected results are per (entry, mode) of the inference phase; train rows have no expected results yet
+    # (issue 27: accepted once the full zoo runs with both phases), so they are not compared
+    df = run.df[run.df["phase"].isin(("inference", ""))] if "phase" in run.df.columns else run.df
+    actual = df.set_index(["entry_id", "mode"])
+    swept = set(df["mode"])
     # Expected entries in a default mode the run never swept are still MISSING: a nightly that lost its
     # compiled shard must not pass. An opt-in mode (fused) is compared only in runs that swept it.
     keys = set(actual.index) | {

@@ -10,7 +10,7 @@ import os
 import sys
 from pathlib import Path
 
-from harness.schema import MODES
+from harness.schema import MODES, PHASES
 
 PRECISIONS = ("highest", "high", "medium")
 DTYPES = ("float32", "bfloat16")
@@ -19,6 +19,8 @@ DTYPES = ("float32", "bfloat16")
 def add_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("what to run")
     g.add_argument("--zoo", default=None, help="smoke (default) | full | a models-list CSV | test[:NAMES] (the harness's own test entries)")
+    g.add_argument("--phases", default=None, help="comma-separated among inference,train (default inference): "
+                   "train runs 3 AdamW steps per entry and mode against CPU (harness/sweep/train.py)")
     g.add_argument("--modes", default=None, help="comma-separated among eager,fused,compiled (default eager,compiled)")
     g.add_argument("--precision", default=None, choices=PRECISIONS, help="float32 matmul precision on tpu (default highest)")
     g.add_argument("--dtype", default=None, choices=DTYPES, help="model dtype (default float32)")
@@ -89,6 +91,12 @@ def build_options(args) -> SweepOptions:  # noqa: F821
         if not modes or bad:
             raise BadInput(f"bad --modes {args.modes!r}: expected a comma-separated list among {', '.join(MODES)}")
         given["modes"] = tuple(m for m in MODES if m in modes)
+    if args.phases is not None:
+        phases = tuple(p.strip() for p in args.phases.split(",") if p.strip())
+        bad = [p for p in phases if p not in PHASES]
+        if not phases or bad:
+            raise BadInput(f"bad --phases {args.phases!r}: expected a comma-separated list among {', '.join(PHASES)}")
+        given["phases"] = tuple(p for p in PHASES if p in phases)
     try:
         if args.shard is not None:
             given["shard"] = parse_shard(args.shard)

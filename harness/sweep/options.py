@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass, field
 from harness import schema
 
 # Options that fix WHICH rows a run produces; `--resume` refuses to change them.
-SELECTION_FIELDS = ("zoo", "modes", "precision", "dtype", "baseline", "device", "library", "task", "match",
+SELECTION_FIELDS = ("zoo", "modes", "phases", "precision", "dtype", "baseline", "device", "library", "task", "match",
                     "shard", "seed", "hub_layers", "limit")
 
 
@@ -26,6 +26,8 @@ def default_memory_cap_gb(jobs: int) -> float:
 class SweepOptions:
     zoo: str = "smoke"
     modes: tuple[str, ...] = schema.DEFAULT_MODES
+    phases: tuple[str, ...] = schema.DEFAULT_PHASES  # inference and/or train (harness/sweep/train.py)
+    train_steps: int = 3  # AdamW steps per train row, compared step by step with CPU
     precision: str = "highest"
     dtype: str = "float32"
     baseline: str = "cpu"

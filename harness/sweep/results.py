@@ -20,6 +20,7 @@ from harness.schema import (
     COLUMNS,
     KEY,
     MODES,
+    PHASES,
     SCHEMA_VERSION,
     STATUSES,
     absent_in,
@@ -119,6 +120,7 @@ def to_frame(rows: list[dict]):
     import pandas as pd
 
     df = pd.DataFrame(rows, columns=COLUMN_NAMES)
+    df["phase"] = df["phase"].where(df["phase"].notna() & df["phase"].ne(""), "inference")  # rows before v4
     for name, typ, _ in COLUMNS:
         if typ == "float":
             df[name] = pd.to_numeric(df[name], errors="coerce").astype("float64")
@@ -159,6 +161,8 @@ def upgrade(df):
             else:
                 df[c] = pd.Series(math.nan if k == "float" else pd.NA, index=df.index,
                                   dtype="float64" if k == "float" else "Int64")
+    if "phase" in df.columns:  # a file before version 4 holds inference rows only
+        df["phase"] = df["phase"].where(df["phase"].ne(""), "inference")
     return df[[c for c in COLUMN_NAMES if c in df.columns] + [c for c in df.columns if c not in COLUMN_NAMES]]
 
 
@@ -171,6 +175,9 @@ def validate(df) -> list[str]:
     bad = sorted(set(df["status"]) - set(STATUSES))
     if bad:
         problems.append(f"unknown statuses {bad}")
+    bad = sorted(set(df["phase"]) - set(PHASES))
+    if bad:
+        problems.append(f"unknown phases {bad}")
     bad = sorted(set(df["mode"]) - set(MODES))
     if bad:
         problems.append(f"unknown modes {bad}")

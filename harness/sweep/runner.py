@@ -26,7 +26,7 @@ from harness.entry_calls import (  # noqa: F401  (re-exported: repro scripts wri
     to_cpu,
 )
 from harness.schema import SCHEMA_VERSION
-from harness.sweep import control, draws, emulate, errors, informative, numerics, ties
+from harness.sweep import control, draws, emulate, errors, informative, numerics, perf, ties, train
 from harness.sweep.device import Device, backend_phase
 from harness.sweep.options import SweepOptions
 
@@ -47,10 +47,11 @@ def versions() -> str:
     return _VERSIONS
 
 
-def base_row(entry, mode: str, opts: SweepOptions, backend: str) -> dict:
+def base_row(entry, mode: str, opts: SweepOptions, backend: str, phase: str = "inference") -> dict:
     return {
         "entry_id": entry.id, "library": entry.library, "model_type": entry.model_type,
-        "model_class": entry.model_class, "task": entry.task, "mode": mode, "precision": opts.precision,
+        "model_class": entry.model_class, "task": entry.task, "phase": phase, "mode": mode,
+        "precision": opts.precision,
         "dtype": opts.dtype, "backend": backend, "versions": versions(), "schema_version": SCHEMA_VERSION,
     }
 
@@ -66,11 +67,14 @@ def run_entry(entry, modes: tuple[str, ...], opts: SweepOptions, device: Device,
     import torch
 
     backend = device.backend_label()
+    phases = tuple(getattr(opts, "phases", ("inference",)))
     rows = {m: base_row(entry, m, opts, backend) for m in modes}
 
     def finish_all(status: str, **fields) -> None:
-        for m in modes:
-            emit("row", {**rows[m], "status": status, **fields})
+        for ph in phases:
+            for m in modes:
+                emit("row", {**(rows[m] if ph == "inference" else base_row(entry, m, opts, backend, ph)),
+                             "status": status, **fields})
 
     tol = numerics.tolerance_for(entry.id, opts.precision, opts.dtype, overrides)
     if tol.skip:
@@ -133,7 +137,7 @@ def run_entry(entry, modes: tuple[str, ...], opts: SweepOptions, device: Device,
         rows[m].update(reference=errors.normalise(reference), uninformative=uninformative, drew=drawn.summary(),
                        ties=tied.summary())
 
-    for mode in modes:
+    for mode in (modes if "inference" in phases else ()):
         emit("phase", mode)
         row = {**rows[mode], **run_mode(mode, built, ref, fp64, opts, device, tol, dtype if low_precision else None,
                                         rebuild)}
@@ -146,6 +150,48 @@ def run_entry(entry, modes: tuple[str, ...], opts: SweepOptions, device: Device,
             emit("phase", "control")
             emit("cause", {"mode": mode, **control.attribute(mode, built, opts, dtype if low_precision else None,
                                                              rebuild)})
+    if "train" in phases:
+        run_train_phase(entry, built, modes, opts, device, tol, dtype if low_precision else None, rebuild, emit,
+                        skip_reference)
+
+
+def run_train_phase(entry, built, modes: tuple[str, ...], opts: SweepOptions, device: Device,
+                    tol: numerics.Tolerance, dtype, rebuild: Callable, emit: Emit, skip_reference: bool) -> None:
+    """The train rows (harness/sweep/train.py): CPU baseline and float64 reference steps, then each mode."""
+    import torch
+
+    backend = device.backend_label()
+    base = {m: base_row(entry, m, opts, backend, "train") for m in modes}
+    emit("phase", "train-baseline")
+    torch.set_float32_matmul_precision("highest")
+    try:
+        with emulate.matmul_precision(opts.precision):
+            ref = train.run_steps(built, entry, None, opts.train_steps, dtype, opts.seed, rebuild)["tensors"]
+    except train.StepError as err:
+        for m in modes:
+            emit("row", {**base[m], "status": "baseline_fail", **errors.error_fields(err.exc), "failed_at": err.stage,
+                         "error_message": errors.normalise(f"{err.stage} (cpu): {err.exc}")})
+        return
+    fp64 = None
+    if not skip_reference:
+        emit("phase", "train-reference")
+        try:
+            fp64 = train.run_steps(built, entry, None, opts.train_steps, torch.float64, opts.seed, rebuild)["tensors"]
+        except train.StepError:
+            fp64 = None
+    ref_ok, ref_why = numerics.reference_valid(ref, fp64, tol) if fp64 is not None else (False, "")
+    reference = "valid" if ref_ok else ("none" if fp64 is None else f"invalid: {ref_why}")
+    fp64 = fp64 if ref_ok else None
+    for mode in modes:
+        emit("phase", f"train-{mode}")
+        row = {**base[mode], "reference": errors.normalise(reference),
+               **train.run_train(mode, built, entry, ref, fp64, opts, device, tol, dtype, rebuild, _eager_mode)}
+        emit("row", row)
+        if row.get("status") in control.CONTROLLED:
+            emit("phase", "control")
+            cause = train.run_control(built, entry, opts, dtype, rebuild) if mode == "compiled" else {
+                "cause": "backend", "control_error": ""}
+            emit("cause", {"mode": mode, "phase": "train", **cause})
 
 
 DIAGNOSED = ("fail_accuracy", "fail_to_run", "compile_fail")
@@ -185,6 +231,7 @@ def run_mode(mode: str, built, ref: dict, fp64: dict | None, opts: SweepOptions,
 
     device.reset_stats()
     device.set_precision(opts.precision)
+    perf.reset_peak_rss()
     row: dict = {}
     phase = "run"
     try:
@@ -202,6 +249,7 @@ def run_mode(mode: str, built, ref: dict, fp64: dict | None, opts: SweepOptions,
             with draws.shared_draws(opts.seed):
                 res = to_cpu(output_tensors(fn(model, prepare_inputs(built.inputs, device.name, dtype))))
             first = time.perf_counter() - t0
+            counts = [device.stats().get("compilations")]
             n = opts.repeats if first < 2.0 else (1 if first < 60.0 or mode == "compiled" else 0)
             times = []
             phase = "steady"
@@ -212,10 +260,12 @@ def run_mode(mode: str, built, ref: dict, fp64: dict | None, opts: SweepOptions,
                 with draws.shared_draws(opts.seed):
                     again = to_cpu(output_tensors(fn(model, inputs)))
                 times.append(time.perf_counter() - t0)
+                counts.append(device.stats().get("compilations"))
                 if not row.get("nondeterministic"):
                     row["nondeterministic"] = errors.normalise(informative.first_difference(res, again))
         steady = statistics.median(times) if times else math.nan
         row.update(first_run_s=first, run_s=steady)
+        row.update(perf.perf_fields(counts, perf.warmup_steps(counts)))
         if mode == "compiled" and times:
             row["compile_s"] = max(0.0, first - steady)
         cmp = numerics.compare_outputs(ref, res, fp64, tol, tol.tie_sizes)
@@ -235,6 +285,7 @@ def run_mode(mode: str, built, ref: dict, fp64: dict | None, opts: SweepOptions,
     row["compilations"] = stats.get("compilations")
     row["graph_breaks"] = stats.get("graph_breaks")
     row["fallback_ops"] = ";".join(f"{k}:{v}" for k, v in sorted((stats.get("fallback_ops") or {}).items()))
+    row.setdefault("peak_rss_mb", perf.peak_rss_mb())
     return row
 
 

@@ -54,9 +54,21 @@ def resolve_death(task: Task, rows: list[dict], death: Death, opts: SweepOptions
     """Rows to add for a dead worker's task, and the continuation task (modes still to run), if any."""
     from harness.sweep.runner import base_row
 
-    done = {r["mode"] for r in rows}
-    remaining = tuple(m for m in task.modes if m not in done)
     fields = errors.death_fields(death.exitcode, death.why)
+    if death.phase and death.phase.startswith("train-"):
+        # the train phase runs after every inference row was sent: the rest of the train phase is lost (its
+        # modes get the death's status: the train phase does not resume mid-way)
+        sent = {r["mode"] for r in rows if r.get("phase") == "train"}
+        why = {"crash": fields["error_message"] or "worker died", "timeout": f"timeout after {opts.timeout:g} s",
+               "oom": "worker passed the memory cap"}[death.why]
+        died_in = death.phase[len("train-"):]
+        out = [{**base_row(task.entry, m, opts, backend, "train"),
+                "status": death.why if m == died_in else ("baseline_fail" if died_in in ("baseline", "reference")
+                                                         else "skipped"),
+                **fields, "error_message": f"{why} during {death.phase}"} for m in task.modes if m not in sent]
+        return out, None
+    done = {r["mode"] for r in rows if r.get("phase", "inference") == "inference"}
+    remaining = tuple(m for m in task.modes if m not in done)
     if death.phase in BACKEND_PHASES and death.phase in remaining:
         row = {**base_row(task.entry, death.phase, opts, backend), "status": death.why, **fields}
         if death.why != "crash":
@@ -82,9 +94,10 @@ def resolve_death(task: Task, rows: list[dict], death: Death, opts: SweepOptions
 
 def merge_cause(rows: list[dict], payload: dict) -> None:
     """Put a control's ("cause", {mode, cause, control_error}) into the row of that mode already received."""
-    fields = {k: v for k, v in payload.items() if k != "mode"}
+    fields = {k: v for k, v in payload.items() if k not in ("mode", "phase")}
+    phase = payload.get("phase", "inference")
     for row in reversed(rows):
-        if row.get("mode") == payload.get("mode"):
+        if row.get("mode") == payload.get("mode") and row.get("phase", "inference") == phase:
             row.update(fields)
             return
 
@@ -184,7 +197,7 @@ class Worker:
             return "ready"
         if kind == "phase":
             self.phase = payload
-            if payload in BACKEND_PHASES or payload == CONTROL_PHASE:  # each gets the whole --timeout budget
+            if payload in BACKEND_PHASES or payload == CONTROL_PHASE or str(payload).startswith("train-"):  # each gets the whole --timeout budget
                 self.deadline = time.monotonic() + self.opts.timeout
         elif kind == "row":
             self.outcome.rows.append(payload)
@@ -322,7 +335,7 @@ def _child_main(rfd: int, wfd: int) -> None:
 
             def emit(k, p, _sent=sent):
                 if k == "row":
-                    _sent.add(p["mode"])
+                    _sent.add((p.get("phase", "inference"), p["mode"]))
                 conn_out.send((k, p))
 
             try:
@@ -331,9 +344,10 @@ def _child_main(rfd: int, wfd: int) -> None:
             except BaseException as exc:  # noqa: BLE001  (a harness bug: keep going, say so in the rows)
                 from harness.sweep.runner import base_row
 
-                for m in task.modes:
-                    if m not in sent:
-                        emit("row", {**base_row(task.entry, m, opts, device.backend_label()), "status": "fail_to_run",
+                for ph, m in ((ph, m) for ph in opts.phases for m in task.modes):
+                    if (ph, m) not in sent:
+                        emit("row", {**base_row(task.entry, m, opts, device.backend_label(), ph),
+                                     "status": "fail_to_run",
                                      **errors.error_fields(exc),
                                      "error_message": errors.normalise(f"harness error: {exc!r}")})
             rss = 0

@@ -100,18 +100,21 @@ def test_schema_v2_adds_cause_and_reads_v1_files(tmp_path):
     from harness import schema
 
     v3 = ["rel_rmse", "reference", "uninformative", "nondeterministic", "canary"]
-    assert SCHEMA_VERSION == 5 and "ties" in COLUMN_NAMES and "drew" in COLUMN_NAMES and "cause" in COLUMN_NAMES and "control_error" in COLUMN_NAMES
     later = ["drew", "ties"]
-    assert schema.absent_in(1) == ["cause", "control_error", *v3, *later] and schema.absent_in(2) == [*v3, *later]
-    assert schema.absent_in(3) == later and schema.absent_in(4) == ["ties"] and schema.absent_in(5) == []
-    with pytest.raises(ValueError, match="schema_version 6"):
-        schema.absent_in(6)
+    v6 = ["phase", "warmup_steps", "steady_compilations", "recompiles", "peak_rss_mb", "failed_at", "optimizer"]
+    assert SCHEMA_VERSION == 6 and "ties" in COLUMN_NAMES and "phase" in COLUMN_NAMES and "cause" in COLUMN_NAMES
+    assert schema.absent_in(1) == ["cause", "control_error", *v3, *later, *v6]
+    assert schema.absent_in(2) == [*v3, *later, *v6] and schema.absent_in(3) == [*later, *v6]
+    assert schema.absent_in(4) == ["ties", *v6] and schema.absent_in(5) == v6 and schema.absent_in(6) == []
+    with pytest.raises(ValueError, match="schema_version 7"):
+        schema.absent_in(7)
     # a version-1 file: no cause/control_error columns nor the v3 numerics columns, schema_version 1
-    v1_cols = [c for c in COLUMN_NAMES if c not in ("cause", "control_error", *v3, *later)]
+    v1_cols = [c for c in COLUMN_NAMES if c not in ("cause", "control_error", *v3, *later, *v6)]
     v1 = to_frame([_row("lib/a/A", status="compile_fail", mode="compiled", schema_version=1)])[v1_cols]
     v1.to_csv(tmp_path / "results.csv", index=False)
     back = read_csv(tmp_path / "results.csv")
     assert list(back.columns) == COLUMN_NAMES and back.loc[0, "cause"] == "" and validate(back) == []
+    assert back.loc[0, "phase"] == "inference"  # files before version 6 hold inference rows
     from harness.ci.runs import load_run  # the dashboard's reader too
 
     df = load_run(tmp_path).df

@@ -1,0 +1,256 @@
+"""The sweep's train phase (issue 27): N AdamW steps of an entry on tpu and on CPU from the same weights and
+data, compared step by step with the numerics rule (harness/sweep/numerics.py).
+
+- The model is in eval() mode: dropout off (and batch norm on its running statistics), so that tpu and CPU
+  compute the same function; gradients flow all the same.
+- The loss is the model's own where its output has one (`loss`; causal-lm entries get labels = input_ids when
+  their forward takes labels); otherwise a fixed reduction of its outputs: the sum over floating output tensors
+  that depend on the parameters of mean(t.float() ** 2). Squares, not plain means: the mean of a softmax or a
+  normalised output is constant and has no gradient.
+- Compared (names in the row's error message): loss.stepK for every step, grad_norm.step1, grad.<param> of
+  step 1 (a wrong backward names its parameter), weight.<param> after the last step.
+- A step that raises names itself in `failed_at`: "step K forward | backward | optimizer".
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+from harness.entry_calls import compile_call, failure_status, output_tensors, prepare_inputs, prepare_model
+from harness.sweep import draws, errors, numerics, perf
+
+LR = 1e-4  # small: Adam's update is ~lr per element whatever the gradient, so weights stay comparable
+STAGES = ("forward", "backward", "optimizer")
+_FUSED: dict[str, str] = {}  # device -> "" (fused AdamW works) or why not
+
+
+class StepError(Exception):
+    """A training step raised: `stage` says where ("step K forward|backward|optimizer")."""
+
+    def __init__(self, stage: str, exc: BaseException):
+        super().__init__(f"{stage}: {type(exc).__name__}: {exc}")
+        self.stage, self.exc = stage, exc
+
+
+def scalar_loss(output: Any):
+    """The model's own loss if it returned one, else sum of mean(t**2) over its differentiable float outputs."""
+    import torch
+
+    loss = output.get("loss") if hasattr(output, "get") else getattr(output, "loss", None)
+    if isinstance(loss, torch.Tensor) and loss.numel() == 1 and loss.requires_grad:
+        return loss.reshape(())
+    terms = [t.float().pow(2).mean() for t in output_tensors(output).values()
+             if isinstance(t, torch.Tensor) and t.requires_grad and t.is_floating_point()]
+    if not terms:
+        raise ValueError("no output depends on a trainable parameter: nothing to train")
+    return torch.stack([t.reshape(()) for t in terms]).sum()
+
+
+def train_inputs(entry: Any, model: Any, inputs: dict) -> dict:
+    """The entry's inputs, with labels = input_ids for a causal LM whose forward takes labels (its own loss)."""
+    if entry.task != "causal-lm" or "labels" in inputs or "input_ids" not in inputs:
+        return inputs
+    try:
+        takes = "labels" in inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        takes = False
+    return {**inputs, "labels": inputs["input_ids"]} if takes else inputs
+
+
+def fused_support(device: str) -> str:
+    """'' when AdamW(fused=True) steps on `device`, else why not (probed once per process on a 2-element
+    parameter): until the device has fused optimizer kernels, the sweep falls back to foreach and says so."""
+    if device not in _FUSED:
+        import torch
+
+        try:
+            p = torch.zeros(2, device=device, requires_grad=True)
+            p.grad = torch.ones(2, device=device)
+            torch.optim.AdamW([p], lr=LR, fused=True).step()
+            p.detach().cpu()
+            _FUSED[device] = ""
+        except Exception as exc:  # noqa: BLE001
+            _FUSED[device] = errors.normalise(f"{type(exc).__name__}: {exc}")[:200]
+    return _FUSED[device]
+
+
+def make_optimizer(params: list, device: str | None):
+    """(optimizer, label): fused AdamW on an accelerator that supports it, else foreach (CPU: the default)."""
+    import torch
+
+    if device is None or device == "cpu":
+        return torch.optim.AdamW(params, lr=LR, foreach=False), "AdamW for-loop (cpu)"
+    why = fused_support(device)
+    if not why:
+        return torch.optim.AdamW(params, lr=LR, fused=True), "AdamW fused"
+    return torch.optim.AdamW(params, lr=LR, foreach=True), f"AdamW foreach (fused: {why})"
+
+
+def _to_cpu(t):
+    return t.detach().to("cpu")
+
+
+def run_steps(built: Any, entry: Any, device: str | None, steps: int, dtype: Any = None, seed: int = 0,
+              rebuild: Callable | None = None, compile_backend: Any = None, context: Callable | None = None,
+              counter: Callable[[], int | None] | None = None, max_extra: int = 0) -> dict:
+    """Train a fresh copy of the entry's model for `steps` steps on `device` (None: CPU). Returns {"tensors":
+    named CPU tensors to compare, "times": seconds per step, "counts": compile count after each step,
+    "optimizer": label, "extra_times"/"extra_counts": up to `max_extra` further steps run only while the compile
+    count is not yet stable (warmup, not compared)}. Raises StepError."""
+    import contextlib
+
+    import torch
+
+    model = prepare_model(built.model, device, dtype, rebuild)
+    model.eval()  # dropout off
+    params = [(n, p) for n, p in model.named_parameters() if p.requires_grad and p.is_floating_point()]
+    if not params:
+        raise StepError("step 1 forward", ValueError("the model has no trainable floating-point parameters"))
+    opt, label = make_optimizer([p for _, p in params], device)
+    fn = built.call if compile_backend is None else compile_call(built.call, model, compile_backend)
+    inputs = train_inputs(entry, model, prepare_inputs(built.inputs, device, dtype))
+    out: dict = {}
+    times, counts = [], []
+    ctx = context or contextlib.nullcontext
+
+    def one_step(k: int, record: bool) -> None:
+        stage = f"step {k} forward"
+        try:
+            with ctx(), draws.shared_draws(seed):  # a forward's random draws: one seeded CPU stream everywhere
+                torch.manual_seed(seed)
+                t0 = time.perf_counter()
+                opt.zero_grad(set_to_none=True)
+                loss = scalar_loss(fn(model, inputs))
+                stage = f"step {k} backward"
+                loss.backward()
+                if record:
+                    out[f"loss.step{k}"] = _to_cpu(loss).double()
+                if record and k == 1:
+                    grads = {n: _to_cpu(p.grad) for n, p in params if p.grad is not None}
+                    out["grad_norm.step1"] = torch.stack([g.double().norm() for g in grads.values()]).norm() \
+                        if grads else torch.zeros((), dtype=torch.float64)
+                    out.update({f"grad.{n}": g for n, g in grads.items()})
+                stage = f"step {k} optimizer"
+                opt.step()
+                if device is not None:
+                    params[0][1].detach().cpu()  # wait for the step (a lazy device runs it here)
+                times.append(time.perf_counter() - t0)
+        except Exception as exc:  # noqa: BLE001
+            raise StepError(stage, exc) from exc
+        counts.append(counter() if counter else None)
+
+    with torch.enable_grad():
+        for k in range(1, steps + 1):
+            one_step(k, True)
+        out.update({f"weight.{n}": _to_cpu(p) for n, p in params})
+        extra = 0
+        while counter and extra < max_extra and perf.warmup_steps(counts) is None:
+            extra += 1
+            one_step(steps + extra, False)
+        if counter and max_extra:
+            one_step(steps + extra + 1, False)  # one timed step after warmup: does it recompile?
+    return {"tensors": out, "times": times, "counts": counts, "optimizer": label}
+
+
+def run_train(mode: str, built: Any, entry: Any, ref: dict, fp64: dict | None, opts: Any, device: Any,
+              tol: numerics.Tolerance, dtype: Any = None, rebuild: Callable | None = None,
+              eager_mode: Callable | None = None) -> dict:
+    """The fields of one train row of `mode` (status, metrics, failed_at, optimizer, performance). `ref`
+    and `fp64` are run_steps(...)["tensors"] of the CPU baseline and the float64 reference (None: invalid)."""
+    from harness.sweep.device import backend_phase
+
+    device.reset_stats()
+    device.set_precision(opts.precision)
+    perf.reset_peak_rss()
+    row: dict = {}
+    steps = getattr(opts, "train_steps", 3)
+    backend = None
+    if mode == "compiled":
+        import torch._dynamo
+
+        torch._dynamo.reset()
+        backend = device.compile_backend
+
+    def context():
+        import contextlib
+
+        stack = contextlib.ExitStack()
+        stack.enter_context(backend_phase())
+        if eager_mode is not None:
+            stack.enter_context(eager_mode(mode, device))
+        return stack
+
+    try:
+        got = run_steps(built, entry, device.name, steps, dtype, opts.seed, rebuild, backend, context,
+                        counter=lambda: device.stats().get("compilations"), max_extra=perf.MAX_WARMUP)
+    except StepError as err:
+        row.update(status=failure_status(err.exc, mode, err.stage.startswith("step 1")),
+                   **errors.error_fields(err.exc), failed_at=err.stage)
+        row["error_message"] = errors.normalise(f"{err.stage}: {row.get('error_message', '')}")
+        if err.stage.endswith("optimizer"):
+            row.setdefault("optimizer", _optimizer_label(device.name))
+    else:
+        times, counts = got["times"], got["counts"]
+        w = perf.warmup_steps(counts)
+        steady = times[w:] if w is not None else []
+        row.update(first_run_s=times[0], run_s=statistics.median(steady) if steady else math.nan,
+                   optimizer=got["optimizer"], **perf.perf_fields(counts, w))
+        if w is None and all(c is not None for c in counts):
+            row["recompiles"] = f"recompiles (compile count not stable in {perf.MAX_WARMUP} warmup steps)"
+        if steady:
+            row["compile_s"] = max(0.0, times[0] - row["run_s"])
+        cmp = numerics.compare_outputs(ref, got["tensors"], fp64, tol)
+        row.update(cmp.metrics())
+        row["status"] = "pass" if cmp.match else "fail_accuracy"
+        if not cmp.match:
+            row["error_type"] = "AccuracyError"
+            first = first_diverging_grad(ref, got["tensors"], fp64, tol)
+            row["error_message"] = errors.normalise((f"first diverging gradient: {first}; " if first else "")
+                                                    + cmp.reason)
+            if first:
+                row["located_module"] = first
+    stats = device.stats()
+    row["compilations"] = stats.get("compilations")
+    row["graph_breaks"] = stats.get("graph_breaks")
+    row["fallback_ops"] = ";".join(f"{k}:{v}" for k, v in sorted((stats.get("fallback_ops") or {}).items()))
+    row.setdefault("peak_rss_mb", perf.peak_rss_mb())
+    return row
+
+
+def _optimizer_label(device: str) -> str:
+    why = fused_support(device)
+    return "AdamW fused" if not why else f"AdamW foreach (fused: {why})"
+
+
+def first_diverging_grad(ref: dict, res: dict, fp64: dict | None, tol: numerics.Tolerance) -> str:
+    """The first parameter (in the model's order) whose step-1 gradient fails the numerics rule, or ''."""
+    for name in ref:
+        if not name.startswith("grad.") or name not in res:
+            continue
+        ok, _, _ = numerics.compare_tensor(name, ref[name], res[name], (fp64 or {}).get(name), tol)
+        if not ok:
+            return name[len("grad."):]
+    return ""
+
+
+def run_control(built: Any, entry: Any, opts: Any, dtype: Any = None, rebuild: Callable | None = None) -> dict:
+    """The train row's control: the same training steps compiled with aot_eager on CPU (compiled mode), the
+    CPU baseline itself otherwise (it ran, or the row would be baseline_fail)."""
+    from harness.sweep.control import CONTROL_BACKEND
+
+    try:
+        run_steps(built, entry, None, getattr(opts, "train_steps", 3), dtype, opts.seed, rebuild, CONTROL_BACKEND)
+    except StepError as err:
+        f = errors.error_fields(err.exc)
+        return {"cause": "upstream",
+                "control_error": errors.normalise(f"{err.stage}: {f['error_type']}: {f['error_message']}")}
+    finally:
+        import torch._dynamo
+
+        torch._dynamo.reset()
+    return {"cause": "backend", "control_error": ""}
