@@ -19,6 +19,8 @@ runs and the status is the backend's:
     opaque      calls a custom op without a fake (meta) kernel: Dynamo cannot trace it for any backend, so it
                 is `compile_fail` with cause `upstream` (aot_eager on CPU fails too); `compile` is the
                 `cause=backend` case (only the backend refuses it)
+    recompile   a `pass` whose forward reads a call counter (a Python int attribute): compiled mode traces a new
+                graph on every call, so the row is flagged `recompiles` in steady state
 
 With HF_TPU_SWEEP_TEST_LOG=path each build appends "<entry_id> <pid>" to that file (exactly-once tests).
 """
@@ -35,12 +37,13 @@ from typing import Any
 from harness.zoo.entry import ZooEntry
 
 KINDS = ("pass", "raise", "compile", "abort", "sleep", "oom", "perturb", "baseline", "missing", "slow", "opaque",
-         "stateful")
+         "stateful", "recompile")
 DEFAULT_SET = ("pass", "raise", "compile", "abort", "sleep", "oom", "perturb", "baseline", "missing")
 EXPECTED_STATUS = {
     "pass": "pass", "raise": "fail_to_run", "compile": "compile_fail", "abort": "crash", "sleep": "timeout",
     "oom": "oom", "perturb": "fail_accuracy", "baseline": "baseline_fail", "missing": "not_available",
     "slow": "pass", "opaque": "compile_fail", "stateful": "pass",
+    "recompile": "pass",
 }
 _SPEC_RE = re.compile(r"^([a-z]+)(?:\*(\d+))?$")
 
@@ -92,6 +95,7 @@ def _make_model(kind: str):
             self.fc1 = nn.Linear(16, 32)
             self.fc2 = nn.Linear(32, 8)
             self._cache = None  # "stateful": not a buffer, so `.to()` does not move it
+            self.calls = 0  # "recompile": Dynamo specializes on it (dynamic=False), a new graph each call
 
         def forward(self, x):
             h = torch.nn.functional.gelu(self.fc1(x))
@@ -100,6 +104,9 @@ def _make_model(kind: str):
             if kind == "opaque":
                 h = _opaque_op()(h)
             out = self.fc2(h)
+            if kind == "recompile":
+                self.calls += 1
+                out = out + 0.0 * self.calls
             if kind == "stateful":
                 if self._cache is None:
                     self._cache = self.fc2.bias * 0.5
@@ -163,7 +170,7 @@ def parse_spec(spec: str) -> list[TestEntry]:
             eid = f"test/{kind}" if count is None else f"test/{kind}_{i:03d}"
             entries.append(TestEntry(
                 id=eid, library="test", model_type=kind, model_class="Tiny",
-                task="test-" + ("regression" if kind in ("pass", "slow", "perturb") else "failure"),
+                task="test-" + ("regression" if kind in ("pass", "slow", "perturb", "recompile") else "failure"),
                 available=kind != "missing", reason="not cached offline (test entry)" if kind == "missing" else "",
                 kind=kind,
             ))

@@ -1,0 +1,82 @@
+"""The sweep's train phase (harness/sweep/train.py) on the tiny test zoo, in this process, on tpu."""
+
+import pytest
+
+from harness.sweep import perf, testzoo, train
+from harness.sweep.device import get_device
+from harness.sweep.options import SweepOptions
+from harness.sweep.runner import run_entry
+
+
+def _train_rows(kind, tmp_path, modes=("eager",)):
+    (entry,) = testzoo.parse_spec(f"test:{kind}")
+    opts = SweepOptions(zoo=f"test:{kind}", device="tpu", out=str(tmp_path / "run"), run_id="t", timeout=300,
+                        memory_cap_gb=4, progress="none", repeats=1, precision="highest", phases=("train",))
+    events = []
+    run_entry(entry, modes, opts, get_device("tpu"), lambda k, p: events.append((k, p)))
+    assert all(p["phase"] == "train" for k, p in events if k == "row")  # no inference rows asked for
+    return {p["mode"]: p for k, p in events if k == "row"}
+
+
+def test_train_row_passes_with_performance_columns(tmp_path):
+    row = _train_rows("pass", tmp_path)["eager"]
+    assert row["status"] == "pass", row
+    assert row["optimizer"].startswith("AdamW")
+    assert row["first_run_s"] > 0 and row["peak_rss_mb"] > 0 and row["warmup_steps"] is not None
+
+
+def test_wrong_backward_lowering_is_fail_accuracy_naming_the_parameter(tmp_path, monkeypatch):
+    """mm's lowering scaled by 1.05: the Linear layers' forward is addmm, their backward mm, so only the backward
+    is wrong (the canary's mechanism, harness/sweep/canary.py, on one backward op)."""
+    from hf_tpu import lowering
+
+    original = lowering.find
+    cache = {}
+
+    def find(op):
+        if op not in cache:
+            fn = original(op)
+            name = getattr(op, "__name__", "").split(".")[0]
+            cache[op] = fn if fn is None or name != "mm" else (lambda *a, **k: fn(*a, **k) * 1.05)
+        return cache[op]
+
+    monkeypatch.setattr(lowering, "find", find)
+    row = _train_rows("pass", tmp_path)["eager"]
+    assert row["status"] == "fail_accuracy", {k: v for k, v in row.items() if v not in (None, "")}
+    assert row["located_module"] == "fc1.weight"  # the first parameter (model order) whose gradient is wrong
+    assert "first diverging gradient: fc1.weight" in row["error_message"]
+    assert "loss.step1" not in row["error_message"]  # the forward was right
+
+
+def test_optimizer_step_that_raises_is_attributed_to_the_optimizer(tmp_path, monkeypatch):
+    import torch
+
+    class Broken(torch.optim.AdamW):
+        def step(self, closure=None):
+            exc = NotImplementedError("no lowering for aten::_fused_adamw_.default on tpu")
+            exc.op = "aten::_fused_adamw_.default"
+            raise exc
+
+    real = train.make_optimizer
+    monkeypatch.setattr(train, "make_optimizer",
+                        lambda params, device: (Broken(params), "broken") if device == "tpu" else real(params, device))
+    row = _train_rows("pass", tmp_path)["eager"]
+    assert row["status"] == "fail_to_run" and row["failed_at"] == "step 1 optimizer", row
+    assert row["failing_op"] == "aten::_fused_adamw_.default"
+    assert row["error_message"].startswith("step 1 optimizer:")
+
+
+def test_steady_state_recompiles_are_flagged(tmp_path):
+    row = _train_rows("recompile", tmp_path, modes=("compiled",))["compiled"]
+    assert row["status"] == "pass", row
+    assert row["recompiles"].startswith("recompiles"), row
+
+
+@pytest.mark.parametrize("counts,warmup,steady,flag", [
+    ([3, 3, 3, 3], 1, 0, ""),          # stable after the first call
+    ([3, 5, 5, 5], 2, 0, ""),          # one more warmup call
+    ([3, 3, 3, 4], 1, 1, "recompiles"),  # a compile after warmup
+])
+def test_perf_fields(counts, warmup, steady, flag):
+    f = perf.perf_fields(counts, perf.warmup_steps(counts))
+    assert (f["warmup_steps"], f["steady_compilations"], f["recompiles"]) == (warmup, steady, flag)
