@@ -1,0 +1,239 @@
+"""PyTorch's OpInfo database on tpu against CPU: forward and backward, every dtype, eager and compiled.
+
+Used by test_op_parity.py (a deterministic sample in the fast set, the whole database under -m slow), and run
+as a script it writes the report grouping failures by cause:
+
+    PYTHONPATH=$PWD nice -n 10 python -m tests.hf_tpu.op_parity [--stride N] [--samples N] [--compiled]
+        -> reports/op_parity.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import pathlib
+import warnings
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch.utils import _pytree as pytree
+
+DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.int32, torch.int64, torch.bool, torch.complex64)
+GRAD_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+# (rtol, atol) by dtype, the one place tolerances are written: torch.testing.assert_close's defaults, the
+# tolerances PyTorch's OpInfo tests apply on CPU unless an op overrides them, except float32/complex64, whose
+# 1e-4 allows XLA's transcendental approximations (the previous test's, unchanged).
+TOLERANCES: dict[torch.dtype, tuple[float, float]] = {
+    torch.float32: (1e-4, 1e-4),
+    torch.complex64: (1e-4, 1e-4),
+    torch.bfloat16: (1.6e-2, 1e-5),
+    torch.float16: (1e-3, 1e-5),
+}
+# Ops whose results are not comparable with CPU's by value (uninitialised memory, random draws, sorting ties,
+# implementation-defined outputs).
+SKIP = {
+    "empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "empty_permuted",
+    "bernoulli", "multinomial", "normal", "rand_like", "randn_like", "randint_like", "randint", "uniform",
+    "nn.functional.dropout", "nn.functional.dropout2d", "nn.functional.dropout3d", "nn.functional.alpha_dropout",
+    "nn.functional.feature_alpha_dropout", "nn.functional.rrelu", "cauchy", "exponential", "geometric",
+    "log_normal", "randn", "rand", "argsort", "sort", "unique", "unique_consecutive", "topk", "mode",
+    "nonzero_static", "torch.ops.aten._efficient_attention_forward", "resize_", "resize_as_",
+    "nn.functional.scaled_dot_product_attention",  # random dropout samples; covered in test_modules
+}
+
+
+class Mismatch(AssertionError):
+    """tpu's result differs from CPU's; the message says how (the report's cause)."""
+
+
+def _to_tpu(x: Any) -> Any:
+    return x.detach().to("tpu").requires_grad_(x.requires_grad) if isinstance(x, torch.Tensor) else x
+
+
+def _cpu(x: Any) -> Any:
+    return x.detach().cpu() if isinstance(x, torch.Tensor) and x.device.type != "cpu" else x
+
+
+def compare(expected: Any, actual: Any) -> None:
+    """Raise Mismatch unless `actual` (from tpu) has CPU's structure, dtypes, shapes and values."""
+    e_leaves, a_leaves = pytree.tree_leaves(expected), pytree.tree_leaves(actual)
+    if len(e_leaves) != len(a_leaves):
+        raise Mismatch("output structure differs")
+    for e, a in zip(e_leaves, a_leaves, strict=True):
+        if isinstance(e, torch.Tensor):
+            if not isinstance(a, torch.Tensor):
+                raise Mismatch("output is not a tensor")
+            a = _cpu(a)
+            if e.dtype != a.dtype:
+                raise Mismatch(f"dtype differs ({a.dtype} vs CPU's {e.dtype})")
+            if e.shape != a.shape:
+                raise Mismatch("shape differs")
+            e, a = e.detach(), a.detach()
+            if e.is_floating_point() or e.is_complex():
+                rtol, atol = TOLERANCES.get(e.dtype, TOLERANCES[torch.float32])
+                if not torch.allclose(e, a, rtol=rtol, atol=atol, equal_nan=True):
+                    raise Mismatch(f"values differ ({e.dtype})")
+            elif not torch.equal(e, a):
+                raise Mismatch(f"values differ ({e.dtype})")
+        elif isinstance(e, float):
+            if not (abs(e - a) <= 1e-4 * max(1.0, abs(e)) or (e != e and a != a)):
+                raise Mismatch("scalar differs")
+        elif e != a:
+            raise Mismatch("scalar differs")
+
+
+def _grad_inputs(args: Any) -> list[torch.Tensor]:
+    return [x for x in pytree.tree_leaves(args) if isinstance(x, torch.Tensor) and x.requires_grad]
+
+
+def _backward(out: Any, inputs: list[torch.Tensor]) -> list[Any]:
+    """Gradients of sum(float outputs * fixed weights) w.r.t. every input that requires grad."""
+    outs = [o for o in pytree.tree_leaves(out)
+            if isinstance(o, torch.Tensor) and o.requires_grad and (o.is_floating_point() or o.is_complex())]
+    if not outs:
+        return []
+    total = sum((o.real if o.is_complex() else o).float().mul(_weights(o)).sum() for o in outs)
+    grads = torch.autograd.grad(total, inputs, allow_unused=True)
+    return [None if g is None else g for g in grads]
+
+
+def _weights(o: torch.Tensor) -> torch.Tensor:
+    """A fixed, deterministic cotangent (not all ones, so a permuted gradient shows)."""
+    n = o.numel()
+    return (torch.arange(n, dtype=torch.float32) % 7 / 7 + 0.5).reshape(o.shape).to(o.device)
+
+
+@dataclass
+class Result:
+    """(op, dtype) outcome per direction: 'pass', a cause string, or None (not applicable)."""
+
+    forward: str | None = None
+    backward: str | None = None
+
+
+def _cause(exc: BaseException) -> str:
+    if isinstance(exc, Mismatch):
+        return str(exc)
+    msg = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    if "no JAX lowering for" in msg:
+        return "no lowering: " + msg.split("no JAX lowering for ")[1].split(" ")[0]
+    if "failed on tpu" in msg:
+        return "lowering raises: " + msg.split(" failed on tpu")[0]
+    return f"{type(exc).__name__}: {msg[:100]}"
+
+
+def check(op: Any, dtype: torch.dtype, samples: int, compiled: bool = False) -> Result:
+    """Run `op`'s first `samples` OpInfo samples on CPU and tpu; a direction fails at its first failing sample."""
+    grad = dtype in GRAD_DTYPES and op.supports_autograd
+    res = Result()
+    try:
+        cases = list(op.sample_inputs("cpu", dtype, requires_grad=grad))[:samples]
+    except Exception:
+        return res
+    fn: Callable[..., Any] = op
+    if compiled:
+        torch._dynamo.reset()
+        fn = torch.compile(lambda *a, **k: op(*a, **k), backend="tpu", dynamic=False)
+    for s in cases:
+        try:
+            expected = op(s.input, *s.args, **s.kwargs)
+            inputs = _grad_inputs((s.input, s.args, s.kwargs)) if grad else []
+            e_grads = _backward(expected, inputs) if inputs else []
+        except Exception:
+            continue  # CPU rejects this sample too
+        t_in, t_args, t_kwargs = pytree.tree_map(_to_tpu, (s.input, s.args, s.kwargs))
+        try:
+            actual = fn(t_in, *t_args, **t_kwargs)
+            compare(expected, actual)
+        except Exception as exc:  # noqa: BLE001 - every failure is a row of the report
+            res.forward = _cause(exc)
+            return res
+        res.forward = "pass"
+        if e_grads:
+            try:
+                a_grads = _backward(actual, _grad_inputs((t_in, t_args, t_kwargs)))
+                compare(e_grads, a_grads)
+                res.backward = res.backward or "pass"
+            except Exception as exc:  # noqa: BLE001
+                res.backward = "backward: " + _cause(exc)
+                grad = False
+    return res
+
+
+def ops(stride: int = 1, offset: int = 0) -> list[Any]:
+    from torch.testing._internal.common_methods_invocations import op_db
+
+    return [op for op in op_db[offset::stride] if op.name not in SKIP]
+
+
+@dataclass
+class Tally:
+    counts: dict[tuple[str, str], collections.Counter] = field(default_factory=dict)
+    causes: collections.Counter = field(default_factory=collections.Counter)
+    failing: dict[str, list[str]] = field(default_factory=lambda: collections.defaultdict(list))
+
+    def add(self, name: str, dtype: torch.dtype, res: Result) -> None:
+        d = str(dtype).removeprefix("torch.")
+        for direction, outcome in (("forward", res.forward), ("backward", res.backward)):
+            if outcome is None:
+                continue
+            c = self.counts.setdefault((direction, d), collections.Counter())
+            c["pass" if outcome == "pass" else "fail"] += 1
+            if outcome != "pass":
+                self.causes[outcome] += 1
+                self.failing[outcome].append(f"{name}:{d}")
+
+    def total(self, direction: str) -> tuple[int, int]:
+        p = sum(c["pass"] for (dr, _), c in self.counts.items() if dr == direction)
+        n = sum(sum(c.values()) for (dr, _), c in self.counts.items() if dr == direction)
+        return p, n
+
+
+def sweep(op_list: Iterable[Any], samples: int, compiled: bool = False, dtypes: Iterable[torch.dtype] = DTYPES) -> Tally:
+    warnings.simplefilter("ignore")
+    tally = Tally()
+    for op in op_list:
+        supported = op.supported_dtypes("cpu")
+        for dtype in dtypes:
+            if dtype in supported:
+                tally.add(f"{op.name}.{op.variant_test_name}".rstrip("."), dtype, check(op, dtype, samples, compiled))
+    return tally
+
+
+def markdown(tally: Tally, title: str) -> str:
+    lines = [f"# {title}", "", "| direction | dtype | pass | of |", "|---|---|---|---|"]
+    for (direction, d), c in sorted(tally.counts.items()):
+        lines.append(f"| {direction} | {d} | {c['pass']} | {sum(c.values())} |")
+    for direction in ("forward", "backward"):
+        p, n = tally.total(direction)
+        lines.append(f"| {direction} | all | {p} | {n} |")
+    lines += ["", "## Failures by cause", "", "| pairs | cause | (op, dtype) |", "|---|---|---|"]
+    for cause, n in tally.causes.most_common():
+        lines.append(f"| {n} | {cause.replace('|', '/')} | {' '.join(tally.failing[cause][:12])} |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--stride", type=int, default=1)
+    ap.add_argument("--samples", type=int, default=int(os.environ.get("HF_TPU_OPINFO_SAMPLES", "2")))
+    ap.add_argument("--compiled", action="store_true")
+    ap.add_argument("--out", default="reports/op_parity.md")
+    a = ap.parse_args()
+    import hf_tpu
+
+    hf_tpu.set_matmul_precision("highest")
+    tally = sweep(ops(a.stride), a.samples, a.compiled)
+    mode = "compiled" if a.compiled else "eager"
+    text = markdown(tally, f"OpInfo parity on tpu ({mode}, every {a.stride} op, {a.samples} samples)")
+    out = pathlib.Path(a.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
