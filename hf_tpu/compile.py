@@ -362,12 +362,23 @@ def tpu_backend(gm: torch.fx.GraphModule, example_inputs: list[Any], **kwargs: A
     from torch._dynamo.backends.common import aot_autograd
 
     dconfig.automatic_dynamic_shapes = False  # TPU programs have static shapes
+    from hf_tpu import compile_options
+
+    # torch.compile(options=...) arrives here: TorchTPU's options are checked and used, not passed on to
+    # AOTAutograd (which would drop them with a warning)
+    options = compile_options.check(kwargs.pop("options", None))
+    if options.get("debug_callback") is not None:
+        # TorchTPU hands the callback a TpuCompileDebug; the FX code of the graph is what both have
+        import types
+
+        options["debug_callback"](types.SimpleNamespace(
+            pre_autograd_fx_code=[gm.code], pre_autograd_fx_readable=[gm.print_readable(print_output=False)]))
     _bump("graphs")
     start = time.perf_counter()
     try:
         from hf_tpu.compile_cache import aot_cache
 
-        if aot_cache.enabled():
+        if aot_cache.enabled() and options["serializable"]:
             # a graph the graph cache could not save (a graph break): AOTAutograd's own cache, which needs
             # the serializable compiler (compile_cache/aot_cache.py); a hit is lowered by today's backend
             from hf_tpu.compile_cache.serializable import serializable_aot_autograd

@@ -157,16 +157,42 @@ def _never_traced_by_dynamo(fn: Any) -> Any:
     return fn
 
 
+GOOGLE_PCI_VENDOR = "0x1ae0"
+
+
+def tpu_chips_present(sys_pci: str = "/sys/bus/pci/devices", dev: str = "/dev") -> bool:
+    """Whether a TPU chip is attached, detected as torch_tpu detects it: a PCI device of Google's vendor id
+    (0x1ae0) exposed to user space through VFIO (its IOMMU group under /dev/vfio) or through the kernel's
+    accel driver (an accel node under the device). Any other VFIO or accel device is not a TPU."""
+    try:
+        devices = os.listdir(sys_pci)
+    except OSError:
+        return False
+    for name in devices:
+        path = os.path.join(sys_pci, name)
+        try:
+            with open(os.path.join(path, "vendor")) as f:
+                if f.read().strip() != GOOGLE_PCI_VENDOR:
+                    continue
+        except OSError:
+            continue
+        group = os.path.join(path, "iommu_group")
+        if os.path.islink(group) and os.path.exists(os.path.join(dev, "vfio", os.path.basename(os.readlink(group)))):
+            return True
+        if os.path.isdir(os.path.join(path, "accel")):
+            return True
+    return False
+
+
 def real_torch_tpu_present() -> bool:
     """torch_tpu is installed and TPU chips are attached: then it serves `tpu`, not us."""
-    import glob
     import importlib.util
 
     if os.environ.get("HF_TPU_FORCE_STANDIN") == "1":
         return False
     if importlib.util.find_spec("torch_tpu") is None:
         return False
-    return bool(glob.glob("/dev/accel*") or glob.glob("/dev/vfio/[0-9]*"))
+    return tpu_chips_present()
 
 
 def register() -> bool:

@@ -11,6 +11,19 @@ from typing import Any
 CACHE_ENV = "HF_TPU_CACHE_DIR"
 GRAPH_CACHE_ENV = "HF_TPU_GRAPH_CACHE_DIR"
 SHARED_CACHE_ENV = "HF_TPU_SHARED_CACHE_DIR"
+# TorchTPU's names for the same tiers: its tier 2 (a host's compilation cache directory) is hf-tpu's host
+# tier (XLA programs and graphs, as HF_TPU_CACHE_DIR), its tier 3 root (shared by machines) the shared tier.
+# The HF_TPU_* names win when both are set.
+TORCH_TPU_TIER2_ENV = "TORCH_TPU_TIER2_COMPILATION_CACHE"
+TORCH_TPU_TIER3_ENV = "TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT"
+
+
+def _env(*names: str) -> str | None:
+    for name in names:
+        value = os.environ.get(name)
+        if value:
+            return value
+    return None
 
 
 def _user_cache() -> Path:
@@ -20,7 +33,7 @@ def _user_cache() -> Path:
 
 def cache_dir() -> Path:
     """Where compiled XLA programs persist: $HF_TPU_CACHE_DIR, else the per-user cache directory."""
-    env = os.environ.get(CACHE_ENV)
+    env = _env(CACHE_ENV, TORCH_TPU_TIER2_ENV)
     if env:
         return Path(env).expanduser()
     return _user_cache() / "xla"
@@ -33,14 +46,14 @@ def graph_cache_dir() -> Path:
     env = os.environ.get(GRAPH_CACHE_ENV)
     if env:
         return Path(env).expanduser()
-    if os.environ.get(CACHE_ENV):
+    if _env(CACHE_ENV, TORCH_TPU_TIER2_ENV):
         return cache_dir() / "graphs"
     return _user_cache() / "graphs"
 
 
 def shared_cache_dir() -> Path | None:
     """The optional shared tier: $HF_TPU_SHARED_CACHE_DIR (a directory many machines mount), or None."""
-    env = os.environ.get(SHARED_CACHE_ENV)
+    env = _env(SHARED_CACHE_ENV, TORCH_TPU_TIER3_ENV)
     return Path(env).expanduser() if env else None
 
 

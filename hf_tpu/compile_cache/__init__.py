@@ -25,8 +25,12 @@ def _uses_cache(kwargs: dict[str, Any]) -> bool:
     backend = kwargs.get("backend")
     if not enabled() or kwargs.get("disable") or kwargs.get("dynamic"):
         return False
-    if kwargs.get("mode") not in (None, "default") or kwargs.get("options"):
+    if kwargs.get("mode") not in (None, "default"):
         return False
+    from hf_tpu import compile_options
+
+    if kwargs.get("options") and not compile_options.cacheable(kwargs["options"]):
+        return False  # TorchTPU's options (compile_options.py) keep the cache unless they ask for a fresh compile
     if kwargs.get("shapes_spec") is not None:
         return False
     if isinstance(backend, str):
