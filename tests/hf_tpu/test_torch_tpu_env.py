@@ -97,3 +97,26 @@ def test_chips_detected_as_torch_tpu_does(tmp_path) -> None:
     _pci(other, "0000:00:06.0", "0x1ae0", accel=True)  # the accel driver (older TPU VMs)
     assert tpu_chips_present(str(other / "sys"), str(other / "dev"))
     assert not tpu_chips_present(str(tmp_path / "missing"), str(dev))
+
+
+def test_torch_tpu_without_chips_does_not_kill_import_torch(tmp_path) -> None:
+    # A torch_tpu whose loader dies as the real one does without libtpu, installed with an entry point in
+    # torch.backends. hf-tpu's autoload puts a no-op loader in its place, so torch's autoload of torch_tpu
+    # (after ours) neither dies nor takes `tpu`.
+    pkg = tmp_path / "torch_tpu"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "_loader.py").write_text("raise RuntimeError('TPU_LIBRARY_PATH is not set')\ndef load(): pass\n")
+    code = ("import importlib, hf_tpu._autoload as a; a.autoload(); "
+            "from importlib.metadata import EntryPoint; "
+            "EntryPoint('torch_tpu', 'torch_tpu._loader:load', 'torch.backends').load()(); "
+            "import torch; print(torch.ones(2, device='tpu').cpu().sum().item(), type(torch.tpu).__module__)")
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+           "TORCH_DEVICE_BACKEND_AUTOLOAD": "0"}
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.split() == ["2.0", "hf_tpu.tpu_api"]
+    # without hf-tpu's step-in, that loader kills the process, as torch_tpu kills `import torch`
+    r = subprocess.run([sys.executable, "-c", code.replace("a.autoload(); ", "")], env=env, capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode != 0 and "TPU_LIBRARY_PATH" in r.stderr
