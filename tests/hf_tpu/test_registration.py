@@ -35,15 +35,37 @@ def test_disabled_leaves_tpu_unregistered() -> None:
     assert "tpu" in r.stderr
 
 
-def test_steps_aside_for_real_torch_tpu(monkeypatch) -> None:
-    import glob
+def test_steps_aside_for_real_torch_tpu(monkeypatch, tmp_path) -> None:
+    # A host with torch_tpu installed and a TPU chip attached, as torch_tpu detects one: a PCI device of
+    # Google's vendor id whose IOMMU group is exposed under /dev/vfio (the real chip detection, on a fake tree).
+    import functools
     import importlib.util
 
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "torch_tpu" else None)
-    monkeypatch.setattr(glob, "glob", lambda pattern: ["/dev/accel0"] if "accel" in pattern else [])
+    from hf_tpu import _autoload
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: object() if name == "torch_tpu" else find_spec(name, *a))
+    chip = tmp_path / "sys" / "0000:00:04.0"
+    chip.mkdir(parents=True)
+    (chip / "vendor").write_text(device.GOOGLE_PCI_VENDOR + "\n")
+    (tmp_path / "groups" / "3").mkdir(parents=True)
+    (chip / "iommu_group").symlink_to(tmp_path / "groups" / "3")
+    (tmp_path / "dev" / "vfio" / "3").mkdir(parents=True)
+    monkeypatch.setattr(device, "tpu_chips_present",
+                        functools.partial(device.tpu_chips_present, str(tmp_path / "sys"), str(tmp_path / "dev")))
+    registered = []
+    monkeypatch.setattr(device, "register", lambda: registered.append(True) or True)
+    monkeypatch.delitem(sys.modules, "torch_tpu._loader", raising=False)
+
     assert device.real_torch_tpu_present()
-    monkeypatch.setattr(glob, "glob", lambda pattern: [])  # torch_tpu installed, no chips: we serve tpu
+    _autoload.autoload()  # torch's autoload entry point: leaves `tpu` and torch_tpu's loader to torch_tpu
+    assert registered == [] and "torch_tpu._loader" not in sys.modules
+
+    (tmp_path / "dev" / "vfio" / "3").rmdir()  # torch_tpu installed, no chip: hf-tpu serves `tpu`
     assert not device.real_torch_tpu_present()
+    _autoload.autoload()
+    assert registered == [True] and sys.modules["torch_tpu._loader"].__hf_tpu_stand_in__
 
 
 def test_backend_info() -> None:
