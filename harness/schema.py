@@ -99,6 +99,12 @@ COLUMNS: list[tuple[str, str, str]] = [
 ]
 COLUMN_NAMES = [c for c, _, _ in COLUMNS]
 KEY = ("entry_id", "phase", "mode")
+# Performance figures are measurements, not results: they differ run to run (load, cache state, allocator) and
+# never make two rows of the same (entry, phase, mode) disagree (merge, tests) nor a regression (compare).
+MEASUREMENTS = ("compile_s", "first_run_s", "run_s", "compilations", "warmup_steps", "steady_compilations",
+                "recompiles", "peak_rss_mb")
+# Columns that may differ between two runs with the same results: the measurements and when the row was written.
+VOLATILE = ("timestamp", *MEASUREMENTS)
 # Columns added after version 1, with the version that added them: a file of an older version lacks them and
 # reads with them empty (readers: harness.sweep.results.read_csv, harness.ci.runs.read_results_csv).
 ADDED_IN: dict[str, int] = {"cause": 2, "control_error": 2, "rel_rmse": 3, "reference": 3, "uninformative": 3,

@@ -1,15 +1,13 @@
-"""Joining shard outputs: the union of their rows, each (entry_id, mode) exactly once."""
+"""Joining shard outputs: the union of their rows, each (entry_id, phase, mode) exactly once."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-from harness.schema import KEY
+from harness.schema import KEY, VOLATILE
 from harness.sweep import outputs
 from harness.sweep.results import ResultStore, load_run_rows, to_frame, utc_now
-
-_VOLATILE = ("timestamp", "compile_s", "first_run_s", "run_s")
 
 
 class MergeError(ValueError):
@@ -17,8 +15,8 @@ class MergeError(ValueError):
 
 
 def merge_frames(frames: list, names: list[str], later_wins: bool = False):
-    """The union of the frames' rows. An (entry_id, mode) in several frames must have the same result in each
-    (shards that overlap), unless `later_wins`: then the row of the last frame holding it is kept (a partial
+    """The union of the frames' rows. An (entry_id, phase, mode) in several frames must have the same result in
+    each (shards that overlap; measurements, schema.MEASUREMENTS, may differ), unless `later_wins`: then the row of the last frame holding it is kept (a partial
     re-run given after the sweep it corrects)."""
     import pandas as pd
 
@@ -34,12 +32,13 @@ def merge_frames(frames: list, names: list[str], later_wins: bool = False):
         all_rows = all_rows.drop_duplicates(list(KEY), keep="last")
     dup = all_rows[all_rows.duplicated(list(KEY), keep=False)]
     if not dup.empty:
-        stable = [c for c in all_rows.columns if c not in _VOLATILE and c != "_source"]
-        conflicts = dup.drop_duplicates(stable).duplicated(list(KEY), keep=False)
-        if conflicts.any():
-            first = dup.iloc[0]
-            srcs = sorted(dup[(dup["entry_id"] == first["entry_id"]) & (dup["mode"] == first["mode"])]["_source"])
-            raise MergeError(f"({first['entry_id']}, {first['mode']}) has different results in {', '.join(srcs)}")
+        stable = [c for c in all_rows.columns if c not in VOLATILE and c != "_source"]
+        distinct = dup.drop_duplicates(stable)
+        conflicts = distinct[distinct.duplicated(list(KEY), keep=False)]
+        if len(conflicts):
+            key = tuple(conflicts.iloc[0][list(KEY)])
+            srcs = sorted(set(dup[(dup[list(KEY)] == key).all(axis=1)]["_source"]))
+            raise MergeError(f"({', '.join(map(str, key))}) has different results in {', '.join(srcs)}")
         all_rows = all_rows.drop_duplicates(list(KEY), keep="first")
     return to_frame(all_rows.drop(columns="_source").to_dict("records"))
 

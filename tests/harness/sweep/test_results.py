@@ -52,7 +52,10 @@ def test_merge_frames_and_conflicts():
     assert list(m["entry_id"]) == ["a", "b", "c"]
     same = to_frame([_row("a")])
     assert len(merge_frames([s1, same], ["s1", "s3"])) == 2  # identical duplicate: kept once
-    with pytest.raises(MergeError, match=r"\(a, eager\) has different results"):
+    # the same result measured differently (memory, times, compile counts) is the same row, kept once
+    measured = to_frame([_row("a", peak_rss_mb=873.078, run_s=0.5, compilations=3, recompiles="recompiles")])
+    assert len(merge_frames([s1, measured], ["s1", "s5"])) == 2
+    with pytest.raises(MergeError, match=r"\(a, inference, eager\) has different results in s1, s4"):
         merge_frames([s1, to_frame([_row("a", status="crash")])], ["s1", "s4"])
 
 
