@@ -24,7 +24,8 @@ _orig_set = torch.set_float32_matmul_precision
 
 
 def set_matmul_precision(precision: str) -> None:
-    """Set the float32 matmul precision for tpu (and, like torch's setter, for other devices)."""
+    """Set the float32 matmul precision for tpu (and, like torch's setter, for other devices: on a CPU with
+    AMX-BF16 "medium" makes PyTorch's own CPU matmuls bfloat16 too; references use `cpu_reference()`)."""
     if precision not in PRECISIONS:
         raise ValueError(f"matmul precision must be one of {PRECISIONS}, got {precision!r}")
     global _explicit
@@ -40,6 +41,44 @@ def _tracking_set(precision: str) -> None:
 
 def install() -> None:
     torch.set_float32_matmul_precision = _tracking_set
+
+
+# PyTorch's float32 precision switches (torch.backends.<path>.fp32_precision), parents before children: a
+# child left at "none" inherits its parent's value.
+_SWITCHES = ("", "mkldnn", "mkldnn.matmul", "mkldnn.conv", "mkldnn.rnn", "cuda.matmul", "cudnn", "cudnn.conv",
+             "cudnn.rnn")
+
+
+def _switch(path: str) -> Any:
+    obj: Any = torch.backends
+    for part in filter(None, path.split(".")):
+        obj = getattr(obj, part, None)
+    return obj if hasattr(obj, "fp32_precision") else None
+
+
+@contextlib.contextmanager
+def cpu_reference() -> Iterator[None]:
+    """PyTorch's float32 matmuls, convolutions and RNNs in IEEE float32 within the block, whatever the user,
+    the tpu run or the host set; the caller's settings are restored afterwards.
+
+    The project's oracle: every CPU (or CUDA) reference is computed inside this block. Without it the oracle
+    depends on the host: `torch.set_float32_matmul_precision("medium")` (the tpu's default, shared with every
+    device) makes oneDNN's CPU matmuls bfloat16 on a CPU with AMX-BF16 and leaves them float32 elsewhere.
+    TPU-style rounding is then applied explicitly, by harness/sweep/emulate.py, where a rule asks for it.
+    """
+    legacy = torch.get_float32_matmul_precision()
+    saved = {path: sw.fp32_precision for path in _SWITCHES if (sw := _switch(path)) is not None}
+    # torch's C setter, not torch.set_float32_matmul_precision: hf-tpu's tracking setter would record a
+    # user choice for tpu
+    torch._C._set_float32_matmul_precision("highest")
+    for path in saved:
+        _switch(path).fp32_precision = "ieee"
+    try:
+        yield
+    finally:
+        torch._C._set_float32_matmul_precision(legacy)
+        for path, value in saved.items():
+            _switch(path).fp32_precision = value
 
 
 _forced = threading.local()

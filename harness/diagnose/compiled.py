@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from harness.diagnose.ops import OpCall, TensorDiff, clone_cpu, compare_trees, flat_tensors, op_name
+from harness.sweep import emulate
 
 
 @dataclass
@@ -138,7 +139,8 @@ def _walk(g: Graph, precision: str, tol, want_op: str, compare_values: bool) -> 
         module, cls = module_of(n)
         call = OpCall(0, n.target, clone_cpu(args), clone_cpu(kwargs), module=module)
         try:
-            cpu_out = n.target(*args, **kwargs)
+            with emulate.matmul_precision(precision):  # the sweep's oracle: float32, tpu rounding applied
+                cpu_out = n.target(*args, **kwargs)
         except Exception:  # noqa: BLE001  (meta-built zeros can be invalid inputs: no CPU result)
             val = n.meta.get("val")
             cpu_out = _meta_tensor(val) if isinstance(val, torch.Tensor) else None

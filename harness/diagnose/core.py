@@ -52,7 +52,7 @@ from harness.entry_calls import (
     prepare_model,
     to_cpu,
 )
-from harness.sweep import errors, numerics
+from harness.sweep import emulate, errors, numerics
 
 FAILING = ("fail_accuracy", "fail_to_run", "compile_fail")
 
@@ -202,12 +202,13 @@ def diagnose_built(built, entry_id: str, mode: str = "eager", *, out_dir: str | 
     if out_dir is not None:
         out_dir.mkdir(parents=True, exist_ok=True)
 
-    # CPU baseline and float64 reference, with every module's inputs and outputs
-    torch.set_float32_matmul_precision("highest")
+    # CPU baseline and float64 reference, with every module's inputs and outputs: the sweep's oracle (IEEE float32
+    # on any host, the tpu's matmul rounding applied explicitly), so module-level comparisons judge as rows do
     cpu_model = built.model
     if low:
         cpu_model = prepare_model(built.model, None, tdtype, rebuild)
-    ref_out, cpu_rec, exc, _, _ = _hooked_run(built, cpu_model, None, tdtype if low else None, seed)
+    with emulate.matmul_precision(precision):
+        ref_out, cpu_rec, exc, _, _ = _hooked_run(built, cpu_model, None, tdtype if low else None, seed)
     if exc is not None:
         d.status, d.error_type, d.error_message = "baseline_fail", type(exc).__name__, _first_line(exc)
         d.summary = f"the CPU baseline fails: {d.error_type}: {d.error_message}"
@@ -216,7 +217,8 @@ def diagnose_built(built, entry_id: str, mode: str = "eager", *, out_dir: str | 
     fp64_rec = None
     try:
         m64 = prepare_model(built.model, None, torch.float64, rebuild)
-        f64_out, fp64_rec, exc64, _, _ = _hooked_run(built, m64, None, torch.float64, seed)
+        with emulate.cpu_reference():
+            f64_out, fp64_rec, exc64, _, _ = _hooked_run(built, m64, None, torch.float64, seed)
         fp64 = fp64 if fp64 is not None else (f64_out if exc64 is None else None)
         if exc64 is not None:
             fp64_rec = None
@@ -309,7 +311,7 @@ def _locate_divergence(d: Diagnosis, cpu_rec, t_rec, fp64_rec, tol, cpu_model, o
     rec = RecordOps(keep=True)
     try:
         args, kwargs = clone_cpu(div.cpu.args), clone_cpu(div.cpu.kwargs)  # before the mode: not module ops
-        with torch.no_grad(), rec:
+        with torch.no_grad(), emulate.matmul_precision(d.precision), rec:  # recorded as the baseline computed it
             module(*args, **kwargs)
     except Exception as exc:  # noqa: BLE001
         d.notes.append(f"re-running {mod_name} alone on CPU failed: {type(exc).__name__}: {_first_line(exc)}")

@@ -22,6 +22,7 @@ import sys
 import torch
 
 import hf_tpu  # noqa: F401  (the tpu device; `import torch` alone also registers it)
+from hf_tpu.precision import cpu_reference  # the CPU side in IEEE float32 on any host (AMX or not)
 
 MODE = {mode!r}  # eager: the op runs through hf_tpu's dispatch; compiled: inside torch.compile(backend="tpu")
 TOL = {tol!r}  # the sweep's allclose tolerance for precision {precision!r}, dtype {dtype!r}
@@ -86,7 +87,8 @@ op = torch.ops.{op_attr}
 args = {args}
 kwargs = {kwargs}
 try:
-    ref = op(*args, **kwargs)
+    with cpu_reference():
+        ref = op(*args, **kwargs)
 except Exception as exc:
     print(f"the CPU run fails too: {{type(exc).__name__}}: {{exc}}")
     sys.exit(2)
@@ -113,7 +115,8 @@ saved = torch.load(Path(__file__).with_name({pt_name!r}), weights_only=False)  #
 module, args, kwargs = saved["module"].eval(), saved["args"], saved["kwargs"]
 with torch.no_grad():
     try:
-        ref = module(*copy.deepcopy(args), **copy.deepcopy(kwargs))
+        with cpu_reference():
+            ref = module(*copy.deepcopy(args), **copy.deepcopy(kwargs))
     except Exception as exc:
         print(f"the CPU run fails too: {{type(exc).__name__}}: {{exc}}")
         sys.exit(2)

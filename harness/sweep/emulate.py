@@ -4,6 +4,10 @@ precision-aware: at "medium" the `tpu` rounds both float32 operands of every mat
 `matmul_precision(p)`, CPU ops do the same: a TorchDispatchMode rounds the same operands of the same ATen
 ops, and SDPA takes its math path (matmuls the mode sees, as on `tpu`, where SDPA decomposes).
 
+The block first pins PyTorch's own precision switches to IEEE float32 (hf_tpu.precision.cpu_reference): on a
+CPU with AMX-BF16, `torch.set_float32_matmul_precision("medium")` would otherwise make oneDNN round the
+baseline itself, on that host only, and the rounding here would be applied to an already rounded baseline.
+
 The baseline then carries the same kind of error as the backend, so rmse(fp64, tpu) <= 2 * rmse(fp64, cpu)
 holds for bfloat16 rounding and fails for an error beyond it, with no fixed floor to guess. Hand-written
 because PyTorch's CPU matmuls ignore `set_float32_matmul_precision` (only oneDNN's bf16 path reads it, and
@@ -17,6 +21,8 @@ from collections.abc import Iterator
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
+
+from hf_tpu.precision import cpu_reference
 
 # ATen ops (as the dispatcher sees them after composite ops decompose) -> operand positions, as in
 # hf_tpu.precision.MATMUL_OPERANDS
@@ -54,11 +60,13 @@ class _Rounding(TorchDispatchMode):
 
 @contextlib.contextmanager
 def matmul_precision(precision: str) -> Iterator[None]:
-    """CPU float32 matmuls, convolutions and attention at the tpu's `precision` within the block."""
+    """CPU float32 matmuls, convolutions and attention at the tpu's `precision` within the block: IEEE float32
+    on any host, then the tpu's rounding applied here, explicitly."""
     if precision == "highest":
-        yield
+        with cpu_reference():
+            yield
         return
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    with sdpa_kernel(SDPBackend.MATH), _Rounding(precision):
+    with cpu_reference(), sdpa_kernel(SDPBackend.MATH), _Rounding(precision):
         yield

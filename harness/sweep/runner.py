@@ -29,6 +29,7 @@ from harness.schema import SCHEMA_VERSION
 from harness.sweep import control, draws, emulate, errors, informative, numerics, perf, ties, train
 from harness.sweep.device import Device, backend_phase
 from harness.sweep.options import SweepOptions
+from hf_tpu.precision import cpu_reference
 
 Emit = Callable[[str, object], None]
 _VERSIONS: str | None = None
@@ -96,7 +97,6 @@ def run_entry(entry, modes: tuple[str, ...], opts: SweepOptions, device: Device,
         return entry.build(seed=opts.seed).model
 
     emit("phase", "baseline")
-    torch.set_float32_matmul_precision("highest")
     base_dev = "cuda" if opts.baseline == "cuda" else None
     try:
         with torch.no_grad():
@@ -110,7 +110,8 @@ def run_entry(entry, modes: tuple[str, ...], opts: SweepOptions, device: Device,
                 # the baseline at the backend's matmul precision: the fp64 rule stays precision-aware
                 ref = to_cpu(output_tensors(call(bmodel, prepare_inputs(built.inputs, base_dev,
                                                                           dtype if low_precision else None))))
-        uninformative = _uninformative(built, bmodel, ref, opts, base_dev, dtype if low_precision else None)
+            with cpu_reference():
+                uninformative = _uninformative(built, bmodel, ref, opts, base_dev, dtype if low_precision else None)
         del bmodel
     except Exception as exc:  # noqa: BLE001
         return finish_all("baseline_fail", **errors.error_fields(exc))
@@ -122,7 +123,7 @@ def run_entry(entry, modes: tuple[str, ...], opts: SweepOptions, device: Device,
             with torch.no_grad():
                 torch.manual_seed(opts.seed)
                 rmodel = prepare_model(built.model, None, torch.float64, rebuild)
-                with draws.shared_draws(opts.seed):
+                with cpu_reference(), draws.shared_draws(opts.seed):
                     fp64 = to_cpu(output_tensors(call(rmodel, prepare_inputs(built.inputs, None, torch.float64))))
             del rmodel
         except Exception:  # noqa: BLE001  (no fp64 reference: allclose alone decides)
@@ -163,7 +164,6 @@ def run_train_phase(entry, built, modes: tuple[str, ...], opts: SweepOptions, de
     backend = device.backend_label()
     base = {m: base_row(entry, m, opts, backend, "train") for m in modes}
     emit("phase", "train-baseline")
-    torch.set_float32_matmul_precision("highest")
     try:
         with emulate.matmul_precision(opts.precision):
             ref = train.run_steps(built, entry, None, opts.train_steps, dtype, opts.seed, rebuild)["tensors"]
@@ -176,7 +176,8 @@ def run_train_phase(entry, built, modes: tuple[str, ...], opts: SweepOptions, de
     if not skip_reference:
         emit("phase", "train-reference")
         try:
-            fp64 = train.run_steps(built, entry, None, opts.train_steps, torch.float64, opts.seed, rebuild)["tensors"]
+            with cpu_reference():
+                fp64 = train.run_steps(built, entry, None, opts.train_steps, torch.float64, opts.seed, rebuild)["tensors"]
         except train.StepError:
             fp64 = None
     ref_ok, ref_why = numerics.reference_valid(ref, fp64, tol) if fp64 is not None else (False, "")
