@@ -24,6 +24,7 @@ from torch.utils import _pytree as pytree
 
 from hf_tpu import op_jit, rng
 from hf_tpu import tensor as T
+from hf_tpu.errors import TpuOpError
 
 
 def traceable(op: Any) -> bool:
@@ -37,7 +38,6 @@ def as_lowering(op: Any, dec: Callable[..., Any]) -> Callable[..., Any]:
     """A JAX function of arrays computing `dec` (a decomposition of `op` written in torch ops). A new
     function object each call: op_jit keys programs by it (dispatch makes one per lowering table)."""
     from hf_tpu import runtime
-    from hf_tpu.dispatch import TpuOpError
 
     tracer = runtime.jax().core.Tracer
 

@@ -22,6 +22,7 @@ from torch.utils import _pytree as pytree
 from hf_tpu import (backward_lowerings, decomposed, dtypes, fused, lowering, op_jit, plans, precision,
                     serialization)
 from hf_tpu import tensor as T
+from hf_tpu.errors import TpuOpError  # noqa: F401 - re-exported: callers catch dispatch.TpuOpError
 
 aten = torch.ops.aten
 _fallback_counts: collections.Counter[str] = collections.Counter()
@@ -47,14 +48,6 @@ def fallback_ops() -> dict[str, int]:
 def reset_fallback_ops() -> None:
     with _lock:
         _fallback_counts.clear()
-
-
-class TpuOpError(RuntimeError):
-    """An op failed inside its JAX lowering; `.op` names it."""
-
-    def __init__(self, op: Any, exc: BaseException) -> None:
-        self.op = lowering.op_name(op)
-        super().__init__(f"{self.op} failed on tpu: {type(exc).__name__}: {exc}")
 
 
 # ---------------------------------------------------------------------------------------------- devices

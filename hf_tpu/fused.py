@@ -33,6 +33,8 @@ import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from hf_tpu.errors import TpuOpError, op_name
+
 
 # Read by dispatch on every op: a plain module global is the cheapest check.
 def _launch_blocking() -> bool:
@@ -282,8 +284,6 @@ def _program(structure: tuple, outputs: tuple) -> Callable[[list[Any]], Any]:
 
 def _run_one_by_one(nodes: list[Node], structure: list, externals: list[Any], outputs: tuple) -> list[Any]:
     """After a fused program failed: each node's own program in turn, so the error names its op."""
-    from hf_tpu.dispatch import TpuOpError
-
     vals: list[Any] = []
     for n, (fn, refs) in zip(nodes, structure, strict=True):
         try:
@@ -296,8 +296,6 @@ def _run_one_by_one(nodes: list[Node], structure: list, externals: list[Any], ou
 def _op_name(op: Any) -> str:
     if op is None:
         return "other"
-    from hf_tpu.lowering import op_name
-
     return op_name(op)
 
 

@@ -30,6 +30,7 @@ from typing import Any
 import torch
 
 from hf_tpu import dtypes, precision
+from hf_tpu.errors import NoLowering, op_name  # noqa: F401 - re-exported: callers name lowering.NoLowering
 from hf_tpu.lowering_ops import OP_LOWERINGS
 from hf_tpu.rng import ENV
 from hf_tpu.torchax_compat import load_op_table
@@ -218,27 +219,6 @@ HAND_LOWERINGS: dict[Any, Callable[..., Any]] = {
     aten.zero.default: _zero,
     **OP_LOWERINGS,
 }
-
-
-class NoLowering(NotImplementedError):
-    """An ATen op has no JAX lowering; `.op` names it (e.g. aten::_fft_c2c)."""
-
-    def __init__(self, op: Any, detail: str = "") -> None:
-        self.op = op_name(op)
-        msg = (
-            f"hf_tpu: no JAX lowering for {self.op} on tpu{detail}. Set HF_TPU_CPU_FALLBACK=1 to run such "
-            "ops on CPU (recorded by hf_tpu.fallback_ops()), or add a lowering to hf_tpu/lowering.py."
-        )
-        super().__init__(msg)
-
-
-def op_name(op: Any) -> str:
-    """`aten::name.overload`, the way PyTorch's errors spell an op."""
-    try:
-        schema = op._schema
-        return f"{schema.name}.{schema.overload_name or 'default'}"
-    except AttributeError:
-        return str(op)
 
 
 @functools.cache

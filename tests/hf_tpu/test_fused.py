@@ -183,7 +183,7 @@ def test_errors_still_name_the_op():
 
 
 def test_a_failing_fused_program_runs_node_by_node_and_names_the_op(monkeypatch):
-    from hf_tpu.dispatch import TpuOpError
+    from hf_tpu.errors import TpuOpError
 
     a = torch.randn(3).to("tpu")
     ((a * 3).exp()).cpu()
@@ -282,7 +282,7 @@ def test_outputs_read_one_by_one_come_from_one_program(highest):
 
 
 def test_a_failing_held_tensor_does_not_break_reading_another():
-    from hf_tpu.dispatch import TpuOpError
+    from hf_tpu.errors import TpuOpError
 
     a = torch.randn(3).to("tpu")
     ((a * 3).exp() + (a - 1).sin()).cpu()
