@@ -3,7 +3,7 @@ change to COLUMNS and say what changed in CHANGES, so nightly files of different
 
 from __future__ import annotations
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 CHANGES = {
     1: "first version",
     2: "cause and control_error: a compile_fail/fail_to_run row's attribution by its control run "
@@ -16,6 +16,8 @@ CHANGES = {
        "(empty in older files)",
     6: "phase (inference | train; files before version 6 read as inference), failed_at, optimizer, and performance "
        "columns warmup_steps, steady_compilations, recompiles, peak_rss_mb (empty in older files)",
+    7: "warmup_s (warmup overhead) and wall_s (the row end to end), TorchTPU's per-model timings beside "
+       "first_run_s and run_s (empty in older files)",
 }
 CAUSES = ("backend", "upstream")  # the control works | the control fails too
 
@@ -75,7 +77,9 @@ COLUMNS: list[tuple[str, str, str]] = [
     ("canary", "str", "--canary: caught | missed | untouched (fault, detail); '' when not run"),
     ("compile_s", "float", "seconds spent compiling (compiled mode: first call minus steady state)"),
     ("first_run_s", "float", "seconds for the first call"),
-    ("run_s", "float", "steady-state seconds per call"),
+    ("run_s", "float", "steady-state seconds per call (train: per step), median of the calls after warmup"),
+    ("warmup_s", "float", "warmup overhead: seconds of the warmup calls/steps beyond as many steady ones"),
+    ("wall_s", "float", "seconds of the whole row: moving the model, every call/step, the comparison"),
     ("compilations", "int", "XLA programs compiled for this entry"),
     ("warmup_steps", "int", "calls (inference) or steps (train) until the compile count stopped changing, "
                             "at most 5; empty when the row was too slow to warm up"),
@@ -101,8 +105,8 @@ COLUMN_NAMES = [c for c, _, _ in COLUMNS]
 KEY = ("entry_id", "phase", "mode")
 # Performance figures are measurements, not results: they differ run to run (load, cache state, allocator) and
 # never make two rows of the same (entry, phase, mode) disagree (merge, tests) nor a regression (compare).
-MEASUREMENTS = ("compile_s", "first_run_s", "run_s", "compilations", "warmup_steps", "steady_compilations",
-                "recompiles", "peak_rss_mb")
+MEASUREMENTS = ("compile_s", "first_run_s", "run_s", "warmup_s", "wall_s", "compilations", "warmup_steps",
+                "steady_compilations", "recompiles", "peak_rss_mb")
 # Columns that may differ between two runs with the same results: the measurements and when the row was written.
 VOLATILE = ("timestamp", *MEASUREMENTS)
 # Columns added after version 1, with the version that added them: a file of an older version lacks them and
@@ -110,7 +114,8 @@ VOLATILE = ("timestamp", *MEASUREMENTS)
 ADDED_IN: dict[str, int] = {"cause": 2, "control_error": 2, "rel_rmse": 3, "reference": 3, "uninformative": 3,
                             "nondeterministic": 3, "canary": 3,
                             "drew": 4, "ties": 5, "phase": 6, "warmup_steps": 6, "steady_compilations": 6,
-                            "recompiles": 6, "peak_rss_mb": 6, "failed_at": 6, "optimizer": 6}
+                            "recompiles": 6, "peak_rss_mb": 6, "failed_at": 6, "optimizer": 6,
+                            "warmup_s": 7, "wall_s": 7}
 
 
 def absent_in(version: int) -> list[str]:

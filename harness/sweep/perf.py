@@ -4,6 +4,9 @@ stable, at most 5 steps; a compile after that is a recompile in steady state).""
 
 from __future__ import annotations
 
+import math
+import statistics
+
 MAX_WARMUP = 5
 
 
@@ -50,4 +53,20 @@ def perf_fields(counts: list[int | None], steady_from: int | None) -> dict:
         steady = counts[-1] - before
         row["steady_compilations"] = steady
         row["recompiles"] = "recompiles" if steady > 0 else ""
+    return row
+
+
+def time_fields(times: list[float], warmup: int | None) -> dict:
+    """TorchTPU's per-model timings from the seconds of each call/step in order and the warmup count:
+    first_run_s (the first call), run_s (median of the post-warmup calls; all calls after the first when the
+    compile count is unknown or never stable), warmup_s (the warmup overhead: the warmup calls' seconds beyond
+    as many steady calls)."""
+    if not times:
+        return {}
+    w = warmup if warmup is not None and warmup < len(times) else None
+    steady = times[w:] if w is not None else times[1:]
+    run_s = statistics.median(steady) if steady else math.nan
+    row = {"first_run_s": times[0], "run_s": run_s}
+    if w is not None:
+        row["warmup_s"] = max(0.0, sum(times[:w]) - w * run_s)
     return row

@@ -9,8 +9,6 @@ row's control (harness/sweep/control.py): the parent merges it into that mode's 
 from __future__ import annotations
 
 import contextlib
-import math
-import statistics
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -233,6 +231,7 @@ def run_mode(mode: str, built, ref: dict, fp64: dict | None, opts: SweepOptions,
     device.reset_stats()
     device.set_precision(opts.precision)
     perf.reset_peak_rss()
+    start = time.perf_counter()
     row: dict = {}
     phase = "run"
     try:
@@ -264,11 +263,11 @@ def run_mode(mode: str, built, ref: dict, fp64: dict | None, opts: SweepOptions,
                 counts.append(device.stats().get("compilations"))
                 if not row.get("nondeterministic"):
                     row["nondeterministic"] = errors.normalise(informative.first_difference(res, again))
-        steady = statistics.median(times) if times else math.nan
-        row.update(first_run_s=first, run_s=steady)
-        row.update(perf.perf_fields(counts, perf.warmup_steps(counts)))
+        warmup = perf.warmup_steps(counts)
+        row.update(perf.time_fields([first, *times], warmup))
+        row.update(perf.perf_fields(counts, warmup))
         if mode == "compiled" and times:
-            row["compile_s"] = max(0.0, first - steady)
+            row["compile_s"] = max(0.0, first - row["run_s"])
         cmp = numerics.compare_outputs(ref, res, fp64, tol, tol.tie_sizes)
         row.update(cmp.metrics())
         row["status"] = "pass" if cmp.match else "fail_accuracy"
@@ -287,6 +286,7 @@ def run_mode(mode: str, built, ref: dict, fp64: dict | None, opts: SweepOptions,
     row["graph_breaks"] = stats.get("graph_breaks")
     row["fallback_ops"] = ";".join(f"{k}:{v}" for k, v in sorted((stats.get("fallback_ops") or {}).items()))
     row.setdefault("peak_rss_mb", perf.peak_rss_mb())
+    row["wall_s"] = time.perf_counter() - start
     return row
 
 

@@ -15,8 +15,6 @@ data, compared step by step with the numerics rule (harness/sweep/numerics.py).
 from __future__ import annotations
 
 import inspect
-import math
-import statistics
 import time
 from collections.abc import Callable
 from typing import Any
@@ -167,6 +165,7 @@ def run_train(mode: str, built: Any, entry: Any, ref: dict, fp64: dict | None, o
     device.reset_stats()
     device.set_precision(opts.precision)
     perf.reset_peak_rss()
+    start = time.perf_counter()
     row: dict = {}
     steps = getattr(opts, "train_steps", 3)
     backend = None
@@ -197,12 +196,10 @@ def run_train(mode: str, built: Any, entry: Any, ref: dict, fp64: dict | None, o
     else:
         times, counts = got["times"], got["counts"]
         w = perf.warmup_steps(counts)
-        steady = times[w:] if w is not None else []
-        row.update(first_run_s=times[0], run_s=statistics.median(steady) if steady else math.nan,
-                   optimizer=got["optimizer"], **perf.perf_fields(counts, w))
+        row.update(optimizer=got["optimizer"], **perf.time_fields(times, w), **perf.perf_fields(counts, w))
         if w is None and all(c is not None for c in counts):
             row["recompiles"] = f"recompiles (compile count not stable in {perf.MAX_WARMUP} warmup steps)"
-        if steady:
+        if len(times) > 1:
             row["compile_s"] = max(0.0, times[0] - row["run_s"])
         cmp = numerics.compare_outputs(ref, got["tensors"], fp64, tol)
         row.update(cmp.metrics())
@@ -219,6 +216,7 @@ def run_train(mode: str, built: Any, entry: Any, ref: dict, fp64: dict | None, o
     row["graph_breaks"] = stats.get("graph_breaks")
     row["fallback_ops"] = ";".join(f"{k}:{v}" for k, v in sorted((stats.get("fallback_ops") or {}).items()))
     row.setdefault("peak_rss_mb", perf.peak_rss_mb())
+    row["wall_s"] = time.perf_counter() - start
     return row
 
 

@@ -104,13 +104,15 @@ def test_schema_v2_adds_cause_and_reads_v1_files(tmp_path):
 
     v3 = ["rel_rmse", "reference", "uninformative", "nondeterministic", "canary"]
     later = ["drew", "ties"]
-    v6 = ["phase", "warmup_steps", "steady_compilations", "recompiles", "peak_rss_mb", "failed_at", "optimizer"]
-    assert SCHEMA_VERSION == 6 and "ties" in COLUMN_NAMES and "phase" in COLUMN_NAMES and "cause" in COLUMN_NAMES
+    v6 = ["phase", "warmup_steps", "steady_compilations", "recompiles", "peak_rss_mb", "failed_at", "optimizer",
+          "warmup_s", "wall_s"]  # the last two: version 7
+    assert SCHEMA_VERSION == 7 and "ties" in COLUMN_NAMES and "phase" in COLUMN_NAMES and "cause" in COLUMN_NAMES
     assert schema.absent_in(1) == ["cause", "control_error", *v3, *later, *v6]
     assert schema.absent_in(2) == [*v3, *later, *v6] and schema.absent_in(3) == [*later, *v6]
-    assert schema.absent_in(4) == ["ties", *v6] and schema.absent_in(5) == v6 and schema.absent_in(6) == []
-    with pytest.raises(ValueError, match="schema_version 7"):
-        schema.absent_in(7)
+    assert schema.absent_in(4) == ["ties", *v6] and schema.absent_in(5) == v6
+    assert schema.absent_in(6) == ["warmup_s", "wall_s"] and schema.absent_in(7) == []
+    with pytest.raises(ValueError, match="schema_version 8"):
+        schema.absent_in(8)
     # a version-1 file: no cause/control_error columns nor the v3 numerics columns, schema_version 1
     v1_cols = [c for c in COLUMN_NAMES if c not in ("cause", "control_error", *v3, *later, *v6)]
     v1 = to_frame([_row("lib/a/A", status="compile_fail", mode="compiled", schema_version=1)])[v1_cols]

@@ -23,6 +23,8 @@ def test_train_row_passes_with_performance_columns(tmp_path):
     assert row["status"] == "pass", row
     assert row["optimizer"].startswith("AdamW")
     assert row["first_run_s"] > 0 and row["peak_rss_mb"] > 0 and row["warmup_steps"] is not None
+    # TorchTPU's per-model timings: warmup overhead, post-warmup step time, the row end to end
+    assert row["warmup_s"] >= 0 and 0 < row["run_s"] and row["wall_s"] >= row["first_run_s"] + row["run_s"]
 
 
 def test_wrong_backward_lowering_is_fail_accuracy_naming_the_parameter(tmp_path, monkeypatch):
@@ -80,3 +82,12 @@ def test_steady_state_recompiles_are_flagged(tmp_path):
 def test_perf_fields(counts, warmup, steady, flag):
     f = perf.perf_fields(counts, perf.warmup_steps(counts))
     assert (f["warmup_steps"], f["steady_compilations"], f["recompiles"]) == (warmup, steady, flag)
+
+
+def test_time_fields_split_warmup_from_steady_steps():
+    # two warmup steps (compiling), then steady steps of ~1 s: the overhead is what the warmup cost beyond them
+    f = perf.time_fields([9.0, 3.0, 1.0, 1.2, 0.8], 2)
+    assert f == {"first_run_s": 9.0, "run_s": 1.0, "warmup_s": 10.0}
+    assert "warmup_s" not in perf.time_fields([9.0, 3.0, 1.0], None)  # never stable: no overhead to state
+    assert perf.time_fields([9.0, 3.0, 1.0], None)["run_s"] == 2.0  # every call after the first
+    assert perf.time_fields([], 1) == {}
