@@ -108,7 +108,7 @@ def compile_call(call: Callable, model: Any, backend: Any) -> Callable:
     return torch.compile(call, backend=backend, dynamic=False)
 
 
-_COMPILE_FRAMES = {"traced", "run", "to_jax_function", "_compiler", "tpu_backend", "with_precision"}
+_COMPILE_FRAMES = {"traced", "run", "to_jax_function", "compile_graph", "tpu_backend", "with_precision"}
 
 
 def during_compile(exc: BaseException) -> bool:

@@ -8,26 +8,15 @@ turns off Dynamo's automatic dynamic shapes, so `dynamic=None` behaves as `dynam
 
 from __future__ import annotations
 
-import functools
-import math
-import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
 import torch
-from torch.utils import _pytree as pytree
 
-from hf_tpu import backward_lowerings, dtypes, fused, lowering, precision
-from hf_tpu import tensor as T
-from hf_tpu.torchax_compat import load_op_table
-
-_stats_lock = threading.Lock()
-_stats = {"graphs": 0, "compilations": 0, "cache_hits": 0, "cache_misses": 0}
-_listener_installed = False
-
-
-COMPILED_GRAPH = "torch.compile graph"  # names a compiled graph's call in fused.stats()['materialised_by']
+from hf_tpu import counters, graph_compiler
+# re-exported: the graph compiler lived here
+from hf_tpu.graph_compiler import COMPILED_GRAPH, GRAPH_LOWERINGS, to_jax_function  # noqa: F401
 
 
 def stats() -> dict[str, Any]:
@@ -36,323 +25,28 @@ def stats() -> dict[str, Any]:
     `tiers`: hits and misses of the graph cache per tier (memory, host, shared; compile_cache/) and of
     JAX's persistent XLA cache (`xla`, eager per-op programs included), and `aot`: AOTAutograd's cache
     behind Dynamo for graphs with breaks (compile_cache/aot_cache.py)."""
-    from torch._dynamo.utils import counters
+    from torch._dynamo.utils import counters as dynamo_counters
 
-    with _stats_lock:
-        out: dict[str, Any] = dict(_stats)
-        out.update({k: round(v, 4) for k, v in _times.items()})
-    out["graph_breaks"] = sum(counters["graph_break"].values())
     from hf_tpu import compile_cache
     from hf_tpu.compile_cache import aot_cache
 
+    out = counters.snapshot()
+    out["graph_breaks"] = sum(dynamo_counters["graph_break"].values())
     out["tiers"] = {**compile_cache.stats(), "xla": {"hits": out["cache_hits"], "misses": out["cache_misses"]},
                     "aot": aot_cache.stats()}
     return out
 
 
 def reset_stats() -> None:
-    from torch._dynamo.utils import counters
+    from torch._dynamo.utils import counters as dynamo_counters
 
-    with _stats_lock:
-        for k in _stats:
-            _stats[k] = 0
-        for k in _times:
-            _times[k] = 0.0
-    counters["graph_break"].clear()
     from hf_tpu import compile_cache
     from hf_tpu.compile_cache import aot_cache
 
+    counters.reset()
+    dynamo_counters["graph_break"].clear()
     compile_cache.reset_stats()
     aot_cache.reset_stats()
-
-
-_times = {"aot_s": 0.0, "xla_s": 0.0}
-
-
-def _bump_time(key: str, seconds: float) -> None:
-    with _stats_lock:
-        _times[key] += seconds
-
-
-def _bump(key: str, n: int = 1) -> None:
-    with _stats_lock:
-        _stats[key] += n
-
-
-def _install_cache_listener(jax: Any = None) -> None:
-    """Count JAX persistent-cache hits and misses (every program: compiled graphs and eager per-op ones);
-    runtime.jax() installs it when JAX starts, passing the module it is configuring."""
-    global _listener_installed
-    if _listener_installed:
-        return
-    if jax is None:
-        from hf_tpu import runtime
-
-        jax = runtime.jax()
-
-    def on_event(event: str, **_: Any) -> None:
-        if event == "/jax/compilation_cache/cache_hits":
-            _bump("cache_hits")
-        elif event == "/jax/compilation_cache/cache_misses":
-            _bump("cache_misses")
-
-    jax.monitoring.register_event_listener(on_event)
-    _listener_installed = True
-
-
-# ------------------------------------------------------------------------------------ graph -> JAX
-def _no_check(*_: Any, **__: Any) -> None:
-    return None
-
-
-# Ops that lower differently inside a compiled graph than in eager. torch._assert_async (Gemma4 vision checks
-# its patch counts): an XLA program cannot raise on a value it computes, so the check is dropped from the
-# program, as XLA backends do; eager still runs it.
-# torch.compile's full-graph capture (the graph cache's aot_compile path) keeps `.item()` in the graph when the
-# value only feeds runtime asserts (Flaubert: `assert lengths.max().item() <= slen`): the value stays a 0-d
-# array inside the program, the comparisons on it are traced, and the assert on it is dropped as above.
-GRAPH_LOWERINGS: dict[Any, Callable[..., Any]] = {
-    torch.ops.aten._assert_async.default: _no_check,
-    torch.ops.aten._assert_async.msg: _no_check,
-    torch.ops.aten._assert_scalar.default: _no_check,
-    torch.ops.aten.sym_constrain_range.default: _no_check,
-    torch.ops.aten.sym_constrain_range_for_size.default: _no_check,
-    torch.ops.aten._local_scalar_dense.default: lambda x: x,
-}
-_SYMBOLIC_SCALARS = (torch.SymInt, torch.SymFloat, torch.SymBool, int, float, bool)
-
-
-def _lower_node_target(target: Any) -> Callable[..., Any]:
-    fn = GRAPH_LOWERINGS.get(target) or backward_lowerings.find(target) or lowering.find(target)
-    if fn is None:
-        raise lowering.NoLowering(target, " (in a compiled graph)")
-    return fn
-
-
-def _mutable(obj: Any) -> Any:
-    """FX keeps a node's list/dict arguments as immutable_list/immutable_dict; lowerings written for eager
-    calls may change their arguments in place (torchax's convolution does `padding *= n`), so each call
-    gets plain, fresh containers."""
-    if isinstance(obj, list):
-        return [_mutable(x) for x in obj]
-    if type(obj) is tuple:
-        return tuple(_mutable(x) for x in obj)
-    if isinstance(obj, dict):
-        return {k: _mutable(v) for k, v in obj.items()}
-    return obj
-
-
-_AS_STRIDED = (torch.ops.aten.as_strided.default, torch.ops.aten.as_strided_copy.default)
-
-
-def _as_strided_on_storage(fn: Callable[..., Any], val: Any) -> Callable[..., Any]:
-    """as_strided indexes its input's storage, laid out by the input's traced strides and storage offset; a graph
-    value is a logical (row-major) array. Longformer's chunking takes overlapping windows of a permuted tensor:
-    read as if row-major, the windows held the wrong elements. The input is put back where its strides place it
-    in a flat storage first (a scatter), then the strided read is made from there."""
-    import numpy as np
-
-    shape, stride, off = tuple(val.shape), tuple(val.stride()), int(val.storage_offset())
-    contiguous = all(st == c for st, c, n in zip(stride, torch._prims_common.make_contiguous_strides_for(shape),
-                                                 shape, strict=True) if n > 1)
-    if (contiguous and off == 0) or math.prod(shape) == 0:
-        return fn
-    index = np.full(shape, off, dtype=np.int64)
-    for d, (n, st) in enumerate(zip(shape, stride, strict=True)):
-        index = index + (np.arange(n) * st).reshape((n,) + (1,) * (len(shape) - d - 1))
-    base, span = int(index.min()), int(index.max()) + 1
-    flat = index.reshape(-1) - base
-
-    def on_storage(x: Any, size: Any, strides: Any, storage_offset: int | None = None) -> Any:
-        jnp = T._jnp()
-        storage = jnp.zeros((span - base,), x.dtype).at[flat].set(x.reshape(-1))
-        # the offset is absolute in the storage (default: the input's own); the flat storage starts at `base`
-        start = (off if storage_offset is None else int(storage_offset)) - base
-        return fn(storage, size, strides, start)
-
-    return on_storage
-
-
-def _storage_base(node: torch.fx.Node) -> torch.fx.Node:
-    """The first node of the chain of views (slice, permute, view, ...) `node` is at the end of: the value
-    whose storage they all share (traced values keep their storage's identity), so that as_strided can read
-    elements outside the last view, as PyTorch does."""
-    from torch.multiprocessing.reductions import StorageWeakRef
-
-    ref = StorageWeakRef(node.meta["val"].untyped_storage())
-    while node.op == "call_function" and node.args and isinstance(node.args[0], torch.fx.Node):
-        parent = node.args[0].meta.get("val")
-        if not isinstance(parent, torch.Tensor) or StorageWeakRef(parent.untyped_storage()) != ref:
-            break
-        node = node.args[0]
-    return node
-
-
-def to_jax_function(gm: torch.fx.GraphModule) -> Callable[..., Any]:
-    """A function over JAX arrays that computes `gm` (functional ATen) with our lowerings."""
-    nodes = list(gm.graph.nodes)
-    fns: dict[torch.fx.Node, Callable[..., Any]] = {}
-    strided_from: dict[torch.fx.Node, torch.fx.Node] = {}  # as_strided node -> the view chain's base node
-    for n in nodes:
-        if n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload):
-            fns[n] = _lower_node_target(n.target)  # fail at compile time, naming the op
-            src = n.args[0] if n.args else None
-            if n.target in _AS_STRIDED and isinstance(src, torch.fx.Node) and isinstance(
-                    src.meta.get("val"), torch.Tensor):
-                strided_from[n] = base = _storage_base(src)
-                fns[n] = _as_strided_on_storage(fns[n], base.meta["val"])
-
-    def run(*inputs: Any) -> Any:
-        jnp = T._jnp()
-        env: dict[torch.fx.Node, Any] = {}
-        it = iter(inputs)
-        for n in nodes:
-            if n.op == "placeholder":
-                env[n] = next(it)
-            elif n.op == "get_attr":
-                attr = getattr(gm, n.target)
-                env[n] = T.from_cpu(attr) if attr.device.type == "cpu" else T.value(attr)
-            elif n.op == "call_function":
-                args, kwargs = _mutable(torch.fx.node.map_arg((n.args, n.kwargs), lambda a: env[a]))
-                if n in strided_from:
-                    args = (env[strided_from[n]], *args[1:])
-                if n in fns:
-                    res = fns[n](*args, **kwargs)
-                    val = n.meta.get("val")
-                    # lowerings may promote differently from PyTorch: keep PyTorch's dtype
-                    if isinstance(val, torch.Tensor) and hasattr(res, "dtype"):
-                        want = dtypes.to_jax(val.dtype)
-                        if res.dtype != want:
-                            res = res.astype(want)
-                        if tuple(res.shape) != tuple(val.shape) and res.size == val.numel():
-                            res = jnp.reshape(res, tuple(val.shape))
-                    env[n] = res
-                else:  # operator.getitem, SymInt arithmetic
-                    env[n] = n.target(*args, **kwargs)
-            elif n.op == "output":
-                return torch.fx.node.map_arg(n.args[0], lambda a: env[a])
-        raise AssertionError("graph without output")
-
-    return run
-
-
-_NO_META = object()  # a pytree leaf standing for an output node without a traced value
-
-
-def _compiler(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
-    from hf_tpu import runtime
-
-    jax = runtime.jax()
-    _install_cache_listener()
-    fn = to_jax_function(gm)
-    static = tuple(i for i, ex in enumerate(example_inputs) if not isinstance(ex, torch.Tensor))
-    # the output node itself has no "val": its arguments (the returned nodes) do
-    out_node = next(n for n in gm.graph.nodes if n.op == "output")
-    out_vals = torch.fx.node.map_arg(out_node.args[0], lambda a: a.meta.get("val", _NO_META))
-    out_leaves = pytree.tree_leaves(out_vals)
-    out_dtypes = [v.dtype if isinstance(v, torch.Tensor) else None for v in out_leaves]
-    # a scalar output (an `.item()` value the graph returns) comes back as a Python number, as Dynamo expects
-    out_scalar = [isinstance(v, _SYMBOLIC_SCALARS) for v in out_leaves]
-    # each output goes to the device PyTorch traced it on, not the inputs' device: a graph may have no tpu
-    # inputs at all (Qwen2-VL's vision position ids: torch.arange(h, device="tpu") from .tolist() values)
-    out_on_tpu = [v.device.type != "cpu" if isinstance(v, torch.Tensor) else None for v in out_leaves]
-    jitted: dict[str, Any] = {}
-
-    def traced(*args: Any) -> Any:
-        _bump("compilations")  # runs once per XLA program JAX builds for this graph
-        return fn(*args)
-
-    def get(prec: str) -> Any:
-        if prec not in jitted:
-            def with_precision(*args: Any) -> Any:
-                with precision.forced(prec):
-                    return traced(*args)
-
-            jitted[prec] = jax.jit(with_precision, static_argnums=static)
-        return jitted[prec]
-
-    def call(args: list[Any]) -> list[Any]:
-        on_tpu = any(T.is_tpu(a) for a in args)
-        fused.current_op = COMPILED_GRAPH  # what a pending input's graph runs for (fused mode's stats)
-        jargs = []
-        for a in args:
-            if isinstance(a, torch.Tensor):
-                jargs.append(T.value(a) if a.device.type == "tpu" else T.from_cpu(a))
-            else:
-                jargs.append(a)
-        args.clear()  # boxed calling convention: let inputs be freed early
-        before = _stats["compilations"]
-        start = time.perf_counter()
-        out = get(precision.current())(*jargs)
-        if _stats["compilations"] != before:  # this call traced and compiled (or loaded) a program
-            _bump_time("xla_s", time.perf_counter() - start)
-        leaves, spec = pytree.tree_flatten(out)
-        res = []
-        pad = [None] * (len(leaves) - len(out_dtypes))
-        for x, dt, tpu, scalar in zip(leaves, out_dtypes + pad, out_on_tpu + pad, out_scalar + pad, strict=False):
-            if scalar and hasattr(x, "item"):
-                x = x.item()
-            elif hasattr(x, "dtype") and hasattr(x, "shape"):
-                dt = dt or dtypes.to_torch(x.dtype)
-                x = T.wrap(x, dt) if (on_tpu if tpu is None else tpu) else T.to_cpu(x, dt)
-            res.append(x)
-        return list(pytree.tree_unflatten(res, spec))
-
-    call._boxed_call = True  # type: ignore[attr-defined]
-    return call
-
-
-def _grouped_mm_fake(fake_mode: Any, func: Any, *args: Any, **kwargs: Any) -> Any:
-    """Fake-tensor rule for aten._grouped_mm on tpu. PyTorch's meta kernel checks CUDA's rules (bfloat16
-    only, 16-byte strides); on tpu grouped_mm takes every dtype (Transformers' MoE calls it with float32
-    there). The output shape follows torch.nn.functional.grouped_mm's documented layouts."""
-    a, b = args[0], args[1]
-    if a.device.type != "tpu":
-        return NotImplemented
-    offs = kwargs.get("offs", args[2] if len(args) > 2 else None)
-    out_dtype = kwargs.get("out_dtype", args[4] if len(args) > 4 else None) or a.dtype
-    if a.dim() == 2 and b.dim() == 3:
-        shape = (a.shape[0], b.shape[2])
-    elif a.dim() == 3 and b.dim() == 3:
-        shape = (a.shape[0], a.shape[1], b.shape[2])
-    elif a.dim() == 2 and b.dim() == 2 and offs is not None:
-        shape = (offs.shape[0], a.shape[0], b.shape[1])
-    elif a.dim() == 3 and b.dim() == 2:
-        shape = (a.shape[1], b.shape[1])
-    else:
-        return NotImplemented  # PyTorch's meta kernel names the problem
-    if a.shape[-1] != b.shape[-2 if b.dim() == 3 else 0]:
-        return NotImplemented
-    with fake_mode:
-        return a.new_empty(shape, dtype=out_dtype)
-
-
-def _register_fake_rules() -> None:
-    from torch._subclasses import fake_impls
-
-    op = torch.ops.aten._grouped_mm.default
-    if op not in fake_impls.op_implementations_dict:
-        fake_impls.register_op_impl(op)(_grouped_mm_fake)
-
-
-_register_fake_rules()
-
-
-@functools.cache
-def _decompositions() -> dict[Any, Any]:
-    """Core ATen decompositions, plus torchax's, for ops we have no JAX lowering for."""
-    from torch._decomp import core_aten_decompositions
-
-    _, tx = load_op_table()
-    table = dict(core_aten_decompositions())
-    for op, fn in tx.items():
-        if isinstance(op, torch._ops.OpOverload):
-            table.setdefault(op, fn)
-        elif isinstance(op, torch._ops.OpOverloadPacket):
-            for ov in op.overloads():
-                table.setdefault(getattr(op, ov), fn)
-    # keep ops we lower directly whole (fewer, larger XLA ops); decompose only what we cannot lower
-    return {op: fn for op, fn in table.items() if lowering.find(op) is None}
 
 
 def tpu_backend(gm: torch.fx.GraphModule, example_inputs: list[Any], **kwargs: Any) -> Callable[..., Any]:
@@ -373,7 +67,7 @@ def tpu_backend(gm: torch.fx.GraphModule, example_inputs: list[Any], **kwargs: A
 
         options["debug_callback"](types.SimpleNamespace(
             pre_autograd_fx_code=[gm.code], pre_autograd_fx_readable=[gm.print_readable(print_output=False)]))
-    _bump("graphs")
+    counters.bump("graphs")
     start = time.perf_counter()
     try:
         from hf_tpu.compile_cache import aot_cache
@@ -385,8 +79,9 @@ def tpu_backend(gm: torch.fx.GraphModule, example_inputs: list[Any], **kwargs: A
 
             with aot_cache.active():
                 return serializable_aot_autograd(gm, example_inputs, **kwargs)
-        return aot_autograd(fw_compiler=_compiler, bw_compiler=_compiler, decompositions=_decompositions())(
+        return aot_autograd(fw_compiler=graph_compiler.compile_graph, bw_compiler=graph_compiler.compile_graph,
+                            decompositions=graph_compiler.decompositions())(
             gm, example_inputs, **kwargs
         )
     finally:
-        _bump_time("aot_s", time.perf_counter() - start)
+        counters.bump_time("aot_s", time.perf_counter() - start)

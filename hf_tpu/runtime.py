@@ -121,9 +121,9 @@ def jax() -> Any:
             _jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
         except OSError:  # an unwritable cache directory costs speed, not correctness
             pass
-    from hf_tpu import compile as _compile
+    from hf_tpu import counters
 
-    _compile._install_cache_listener(_jax)  # compile_stats()["tiers"]["xla"], eager per-op programs included
+    counters.install_cache_listener(_jax)  # compile_stats()["tiers"]["xla"], eager per-op programs included
     return _jax
 
 

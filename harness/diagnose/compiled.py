@@ -1,4 +1,4 @@
-"""Compiled mode: watch the `tpu` backend build its programs (hf_tpu.compile._compiler is wrapped while the
+"""Compiled mode: watch the `tpu` backend build its programs (hf_tpu.graph_compiler.compile_graph is wrapped while the
 model runs), keep each ATen graph and its real inputs, and on failure or divergence go through the graph node
 by node: the first node without a lowering, whose lowering fails to trace, or whose result differs from
 PyTorch's CPU kernel on the same inputs. The module comes from the node's `nn_module_stack`."""
@@ -55,10 +55,10 @@ def module_of(node: torch.fx.Node) -> tuple[str, str]:
 @contextlib.contextmanager
 def watch() -> Any:
     """Wrap the tpu backend's graph compiler while the block runs; yields the list of Graphs it saw."""
-    from hf_tpu import compile as hc
+    from hf_tpu import graph_compiler as hc
 
     graphs: list[Graph] = []
-    real = hc._compiler
+    real = hc.compile_graph
 
     def compiler(gm, example_inputs):
         g = Graph(gm)
@@ -81,11 +81,11 @@ def watch() -> Any:
         call._boxed_call = True  # type: ignore[attr-defined]
         return call
 
-    hc._compiler = compiler
+    hc.compile_graph = compiler
     try:
         yield graphs
     finally:
-        hc._compiler = real
+        hc.compile_graph = real
 
 
 def _meta_tensor(v: Any) -> Any:

@@ -35,9 +35,13 @@ def _uses_cache(kwargs: dict[str, Any]) -> bool:
         return False
     if isinstance(backend, str):
         return backend == "tpu"
-    from hf_tpu import compile as C  # a callable backend: only ours
+    # a callable backend: only ours, asked of Dynamo's registry (the graph cache sits below the backend)
+    from torch._dynamo.backends.registry import lookup_backend
 
-    return backend is C.tpu_backend
+    try:
+        return backend is lookup_backend("tpu")
+    except Exception:  # noqa: BLE001 - no "tpu" entry point (hf-tpu not installed): not ours
+        return False
 
 
 def install() -> None:

@@ -46,7 +46,8 @@ def _hf_tpu_code_digest() -> str:
 
     root = Path(__file__).resolve().parents[1]
     h = hashlib.sha256()
-    for rel in ("compile.py", "lowering.py", "patches.py", "compile_cache/serializable.py", "compile_cache/keys.py"):
+    for rel in ("compile.py", "graph_compiler.py", "lowering.py", "patches.py", "compile_cache/serializable.py",
+                "compile_cache/keys.py"):
         try:
             h.update((root / rel).read_bytes())
         except OSError:
@@ -58,7 +59,7 @@ def _hf_tpu_code_digest() -> str:
 def lowering_fingerprint() -> str:
     """Digest of which ops hf_tpu lowers directly (hand-written or torchax's, as lowering.find accepts them):
     the part of the lowering table that shapes the ATen graph, since every other op is decomposed first
-    (hf_tpu.compile._decompositions). Cheaper than listing the decompositions (~1 s to materialise)."""
+    (hf_tpu.graph_compiler.decompositions). Cheaper than listing the decompositions (~1 s to materialise)."""
     from hf_tpu import lowering
     from hf_tpu.torchax_compat import load_op_table
 

@@ -2,7 +2,7 @@
 whose output (`TpuOutputCode`) keeps the functional ATen graph, never the JAX lowering of it.
 
 Saving the ATen graph is what keeps a warm cache honest: on load `post_compile` lowers the graph again with
-today's lowering table (hf_tpu.compile.to_jax_function), so a changed lowering shows on a warm night, and
+today's lowering table (hf_tpu.graph_compiler.to_jax_function), so a changed lowering shows on a warm night, and
 JAX's persistent cache (keyed by the lowered program itself) decides whether XLA compiles again.
 PyTorch's protocol for this is `SerializableAOTDispatchCompiler` plus an `OutputCode` subclass with
 `prepare_for_serialization` and `post_compile`, under `bundled_autograd_cache` (vLLM's
@@ -32,7 +32,7 @@ class TpuOutputCode(OutputCode):
     """One AOTAutograd graph (forward or backward) for the tpu backend. Pickles as the ATen graph (through
     torch.fx's GraphPickler, which keeps the nodes' fake-tensor metadata the lowering reads)."""
 
-    _boxed_call = True  # AOTAutograd calls it with one list of inputs, as compile._compiler's program
+    _boxed_call = True  # AOTAutograd calls it with one list of inputs, as graph_compiler.compile_graph's program
 
     gm: torch.fx.GraphModule | None = None
     graph_bytes: bytes | None = None
@@ -40,11 +40,11 @@ class TpuOutputCode(OutputCode):
 
     def _ensure(self) -> Callable[[list[Any]], Any]:
         if self._run is None:
-            from hf_tpu import compile as C
+            from hf_tpu import graph_compiler
 
             if self.gm is None:
                 self.gm = _load_graph(self.graph_bytes)
-            self._run = C._compiler(self.gm, _graph_example_inputs(self.gm))
+            self._run = graph_compiler.compile_graph(self.gm, _graph_example_inputs(self.gm))
         return self._run
 
     def __call__(self, *inputs: Any) -> Any:
@@ -134,10 +134,10 @@ class _TensorRecord:
 
 
 def _make_output_code(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> TpuOutputCode:
-    from hf_tpu import compile as C
+    from hf_tpu import graph_compiler
 
     code = TpuOutputCode(gm=gm)
-    code._run = C._compiler(gm, list(example_inputs))
+    code._run = graph_compiler.compile_graph(gm, list(example_inputs))
     return code
 
 
@@ -146,15 +146,15 @@ def serializable_backend(gm: torch.fx.GraphModule, example_inputs: list[Any], **
     hf_tpu.compile.tpu_backend."""
     import torch._dynamo.config as dconfig
 
-    from hf_tpu import compile as C
+    from hf_tpu import counters
 
     dconfig.automatic_dynamic_shapes = False
-    C._bump("graphs")
+    counters.bump("graphs")
     start = time.perf_counter()
     try:
         return serializable_aot_autograd(gm, example_inputs, **kwargs)
     finally:
-        C._bump_time("aot_s", time.perf_counter() - start)
+        counters.bump_time("aot_s", time.perf_counter() - start)
 
 
 def serializable_aot_autograd(gm: torch.fx.GraphModule, example_inputs: list[Any], **kwargs: Any) -> Callable[..., Any]:
@@ -163,13 +163,13 @@ def serializable_aot_autograd(gm: torch.fx.GraphModule, example_inputs: list[Any
     from torch._dynamo.backends.common import aot_autograd
     from torch._functorch._aot_autograd.schemas import SerializableAOTDispatchCompiler
 
-    from hf_tpu import compile as C
+    from hf_tpu import graph_compiler
 
     # two instances: AOTAutograd wraps the backward compiler's function in place
     fw = SerializableAOTDispatchCompiler(TpuOutputCode, _make_output_code)
     bw = SerializableAOTDispatchCompiler(TpuOutputCode, _make_output_code)
     with torch._functorch.config.patch(bundled_autograd_cache=True):
-        return aot_autograd(fw_compiler=fw, bw_compiler=bw, decompositions=C._decompositions())(
+        return aot_autograd(fw_compiler=fw, bw_compiler=bw, decompositions=graph_compiler.decompositions())(
             gm, example_inputs, **kwargs)
 
 

@@ -1,0 +1,275 @@
+"""A functional ATen graph (what AOTAutograd hands a backend) -> one jitted XLA program through JAX: each node
+lowered by the eager lowering table (lowering.py, backward_lowerings.py) or by GRAPH_LOWERINGS, the ops
+PyTorch's decompositions do not reach decomposed first. compile.py's `tpu` backend and the graph cache's
+serializable backend (compile_cache/serializable.py) both compile through `compile_graph`."""
+
+from __future__ import annotations
+
+import functools
+import math
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch.utils import _pytree as pytree
+
+from hf_tpu import backward_lowerings, counters, dtypes, fused, lowering, precision
+from hf_tpu import tensor as T
+from hf_tpu.torchax_compat import load_op_table
+
+COMPILED_GRAPH = "torch.compile graph"  # names a compiled graph's call in fused.stats()['materialised_by']
+
+
+# ------------------------------------------------------------------------------------ graph -> JAX
+def _no_check(*_: Any, **__: Any) -> None:
+    return None
+
+
+# Ops that lower differently inside a compiled graph than in eager. torch._assert_async (Gemma4 vision checks
+# its patch counts): an XLA program cannot raise on a value it computes, so the check is dropped from the
+# program, as XLA backends do; eager still runs it.
+# torch.compile's full-graph capture (the graph cache's aot_compile path) keeps `.item()` in the graph when the
+# value only feeds runtime asserts (Flaubert: `assert lengths.max().item() <= slen`): the value stays a 0-d
+# array inside the program, the comparisons on it are traced, and the assert on it is dropped as above.
+GRAPH_LOWERINGS: dict[Any, Callable[..., Any]] = {
+    torch.ops.aten._assert_async.default: _no_check,
+    torch.ops.aten._assert_async.msg: _no_check,
+    torch.ops.aten._assert_scalar.default: _no_check,
+    torch.ops.aten.sym_constrain_range.default: _no_check,
+    torch.ops.aten.sym_constrain_range_for_size.default: _no_check,
+    torch.ops.aten._local_scalar_dense.default: lambda x: x,
+}
+_SYMBOLIC_SCALARS = (torch.SymInt, torch.SymFloat, torch.SymBool, int, float, bool)
+
+
+def _lower_node_target(target: Any) -> Callable[..., Any]:
+    fn = GRAPH_LOWERINGS.get(target) or backward_lowerings.find(target) or lowering.find(target)
+    if fn is None:
+        raise lowering.NoLowering(target, " (in a compiled graph)")
+    return fn
+
+
+def _mutable(obj: Any) -> Any:
+    """FX keeps a node's list/dict arguments as immutable_list/immutable_dict; lowerings written for eager
+    calls may change their arguments in place (torchax's convolution does `padding *= n`), so each call
+    gets plain, fresh containers."""
+    if isinstance(obj, list):
+        return [_mutable(x) for x in obj]
+    if type(obj) is tuple:
+        return tuple(_mutable(x) for x in obj)
+    if isinstance(obj, dict):
+        return {k: _mutable(v) for k, v in obj.items()}
+    return obj
+
+
+_AS_STRIDED = (torch.ops.aten.as_strided.default, torch.ops.aten.as_strided_copy.default)
+
+
+def _as_strided_on_storage(fn: Callable[..., Any], val: Any) -> Callable[..., Any]:
+    """as_strided indexes its input's storage, laid out by the input's traced strides and storage offset; a graph
+    value is a logical (row-major) array. Longformer's chunking takes overlapping windows of a permuted tensor:
+    read as if row-major, the windows held the wrong elements. The input is put back where its strides place it
+    in a flat storage first (a scatter), then the strided read is made from there."""
+    import numpy as np
+
+    shape, stride, off = tuple(val.shape), tuple(val.stride()), int(val.storage_offset())
+    contiguous = all(st == c for st, c, n in zip(stride, torch._prims_common.make_contiguous_strides_for(shape),
+                                                 shape, strict=True) if n > 1)
+    if (contiguous and off == 0) or math.prod(shape) == 0:
+        return fn
+    index = np.full(shape, off, dtype=np.int64)
+    for d, (n, st) in enumerate(zip(shape, stride, strict=True)):
+        index = index + (np.arange(n) * st).reshape((n,) + (1,) * (len(shape) - d - 1))
+    base, span = int(index.min()), int(index.max()) + 1
+    flat = index.reshape(-1) - base
+
+    def on_storage(x: Any, size: Any, strides: Any, storage_offset: int | None = None) -> Any:
+        jnp = T._jnp()
+        storage = jnp.zeros((span - base,), x.dtype).at[flat].set(x.reshape(-1))
+        # the offset is absolute in the storage (default: the input's own); the flat storage starts at `base`
+        start = (off if storage_offset is None else int(storage_offset)) - base
+        return fn(storage, size, strides, start)
+
+    return on_storage
+
+
+def _storage_base(node: torch.fx.Node) -> torch.fx.Node:
+    """The first node of the chain of views (slice, permute, view, ...) `node` is at the end of: the value
+    whose storage they all share (traced values keep their storage's identity), so that as_strided can read
+    elements outside the last view, as PyTorch does."""
+    from torch.multiprocessing.reductions import StorageWeakRef
+
+    ref = StorageWeakRef(node.meta["val"].untyped_storage())
+    while node.op == "call_function" and node.args and isinstance(node.args[0], torch.fx.Node):
+        parent = node.args[0].meta.get("val")
+        if not isinstance(parent, torch.Tensor) or StorageWeakRef(parent.untyped_storage()) != ref:
+            break
+        node = node.args[0]
+    return node
+
+
+def to_jax_function(gm: torch.fx.GraphModule) -> Callable[..., Any]:
+    """A function over JAX arrays that computes `gm` (functional ATen) with our lowerings."""
+    nodes = list(gm.graph.nodes)
+    fns: dict[torch.fx.Node, Callable[..., Any]] = {}
+    strided_from: dict[torch.fx.Node, torch.fx.Node] = {}  # as_strided node -> the view chain's base node
+    for n in nodes:
+        if n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload):
+            fns[n] = _lower_node_target(n.target)  # fail at compile time, naming the op
+            src = n.args[0] if n.args else None
+            if n.target in _AS_STRIDED and isinstance(src, torch.fx.Node) and isinstance(
+                    src.meta.get("val"), torch.Tensor):
+                strided_from[n] = base = _storage_base(src)
+                fns[n] = _as_strided_on_storage(fns[n], base.meta["val"])
+
+    def run(*inputs: Any) -> Any:
+        jnp = T._jnp()
+        env: dict[torch.fx.Node, Any] = {}
+        it = iter(inputs)
+        for n in nodes:
+            if n.op == "placeholder":
+                env[n] = next(it)
+            elif n.op == "get_attr":
+                attr = getattr(gm, n.target)
+                env[n] = T.from_cpu(attr) if attr.device.type == "cpu" else T.value(attr)
+            elif n.op == "call_function":
+                args, kwargs = _mutable(torch.fx.node.map_arg((n.args, n.kwargs), lambda a: env[a]))
+                if n in strided_from:
+                    args = (env[strided_from[n]], *args[1:])
+                if n in fns:
+                    res = fns[n](*args, **kwargs)
+                    val = n.meta.get("val")
+                    # lowerings may promote differently from PyTorch: keep PyTorch's dtype
+                    if isinstance(val, torch.Tensor) and hasattr(res, "dtype"):
+                        want = dtypes.to_jax(val.dtype)
+                        if res.dtype != want:
+                            res = res.astype(want)
+                        if tuple(res.shape) != tuple(val.shape) and res.size == val.numel():
+                            res = jnp.reshape(res, tuple(val.shape))
+                    env[n] = res
+                else:  # operator.getitem, SymInt arithmetic
+                    env[n] = n.target(*args, **kwargs)
+            elif n.op == "output":
+                return torch.fx.node.map_arg(n.args[0], lambda a: env[a])
+        raise AssertionError("graph without output")
+
+    return run
+
+
+_NO_META = object()  # a pytree leaf standing for an output node without a traced value
+
+
+def compile_graph(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
+    from hf_tpu import runtime
+
+    jax = runtime.jax()  # installs the persistent-cache listener (counters.py) too
+    fn = to_jax_function(gm)
+    static = tuple(i for i, ex in enumerate(example_inputs) if not isinstance(ex, torch.Tensor))
+    # the output node itself has no "val": its arguments (the returned nodes) do
+    out_node = next(n for n in gm.graph.nodes if n.op == "output")
+    out_vals = torch.fx.node.map_arg(out_node.args[0], lambda a: a.meta.get("val", _NO_META))
+    out_leaves = pytree.tree_leaves(out_vals)
+    out_dtypes = [v.dtype if isinstance(v, torch.Tensor) else None for v in out_leaves]
+    # a scalar output (an `.item()` value the graph returns) comes back as a Python number, as Dynamo expects
+    out_scalar = [isinstance(v, _SYMBOLIC_SCALARS) for v in out_leaves]
+    # each output goes to the device PyTorch traced it on, not the inputs' device: a graph may have no tpu
+    # inputs at all (Qwen2-VL's vision position ids: torch.arange(h, device="tpu") from .tolist() values)
+    out_on_tpu = [v.device.type != "cpu" if isinstance(v, torch.Tensor) else None for v in out_leaves]
+    jitted: dict[str, Any] = {}
+
+    def traced(*args: Any) -> Any:
+        counters.bump("compilations")  # runs once per XLA program JAX builds for this graph
+        return fn(*args)
+
+    def get(prec: str) -> Any:
+        if prec not in jitted:
+            def with_precision(*args: Any) -> Any:
+                with precision.forced(prec):
+                    return traced(*args)
+
+            jitted[prec] = jax.jit(with_precision, static_argnums=static)
+        return jitted[prec]
+
+    def call(args: list[Any]) -> list[Any]:
+        on_tpu = any(T.is_tpu(a) for a in args)
+        fused.current_op = COMPILED_GRAPH  # what a pending input's graph runs for (fused mode's stats)
+        jargs = []
+        for a in args:
+            if isinstance(a, torch.Tensor):
+                jargs.append(T.value(a) if a.device.type == "tpu" else T.from_cpu(a))
+            else:
+                jargs.append(a)
+        args.clear()  # boxed calling convention: let inputs be freed early
+        before = counters.count("compilations")
+        start = time.perf_counter()
+        out = get(precision.current())(*jargs)
+        if counters.count("compilations") != before:  # this call traced and compiled (or loaded) a program
+            counters.bump_time("xla_s", time.perf_counter() - start)
+        leaves, spec = pytree.tree_flatten(out)
+        res = []
+        pad = [None] * (len(leaves) - len(out_dtypes))
+        for x, dt, tpu, scalar in zip(leaves, out_dtypes + pad, out_on_tpu + pad, out_scalar + pad, strict=False):
+            if scalar and hasattr(x, "item"):
+                x = x.item()
+            elif hasattr(x, "dtype") and hasattr(x, "shape"):
+                dt = dt or dtypes.to_torch(x.dtype)
+                x = T.wrap(x, dt) if (on_tpu if tpu is None else tpu) else T.to_cpu(x, dt)
+            res.append(x)
+        return list(pytree.tree_unflatten(res, spec))
+
+    call._boxed_call = True  # type: ignore[attr-defined]
+    return call
+
+
+def _grouped_mm_fake(fake_mode: Any, func: Any, *args: Any, **kwargs: Any) -> Any:
+    """Fake-tensor rule for aten._grouped_mm on tpu. PyTorch's meta kernel checks CUDA's rules (bfloat16
+    only, 16-byte strides); on tpu grouped_mm takes every dtype (Transformers' MoE calls it with float32
+    there). The output shape follows torch.nn.functional.grouped_mm's documented layouts."""
+    a, b = args[0], args[1]
+    if a.device.type != "tpu":
+        return NotImplemented
+    offs = kwargs.get("offs", args[2] if len(args) > 2 else None)
+    out_dtype = kwargs.get("out_dtype", args[4] if len(args) > 4 else None) or a.dtype
+    if a.dim() == 2 and b.dim() == 3:
+        shape = (a.shape[0], b.shape[2])
+    elif a.dim() == 3 and b.dim() == 3:
+        shape = (a.shape[0], a.shape[1], b.shape[2])
+    elif a.dim() == 2 and b.dim() == 2 and offs is not None:
+        shape = (offs.shape[0], a.shape[0], b.shape[1])
+    elif a.dim() == 3 and b.dim() == 2:
+        shape = (a.shape[1], b.shape[1])
+    else:
+        return NotImplemented  # PyTorch's meta kernel names the problem
+    if a.shape[-1] != b.shape[-2 if b.dim() == 3 else 0]:
+        return NotImplemented
+    with fake_mode:
+        return a.new_empty(shape, dtype=out_dtype)
+
+
+def _register_fake_rules() -> None:
+    from torch._subclasses import fake_impls
+
+    op = torch.ops.aten._grouped_mm.default
+    if op not in fake_impls.op_implementations_dict:
+        fake_impls.register_op_impl(op)(_grouped_mm_fake)
+
+
+_register_fake_rules()
+
+
+@functools.cache
+def decompositions() -> dict[Any, Any]:
+    """Core ATen decompositions, plus torchax's, for ops we have no JAX lowering for."""
+    from torch._decomp import core_aten_decompositions
+
+    _, tx = load_op_table()
+    table = dict(core_aten_decompositions())
+    for op, fn in tx.items():
+        if isinstance(op, torch._ops.OpOverload):
+            table.setdefault(op, fn)
+        elif isinstance(op, torch._ops.OpOverloadPacket):
+            for ov in op.overloads():
+                table.setdefault(getattr(op, ov), fn)
+    # keep ops we lower directly whole (fewer, larger XLA ops); decompose only what we cannot lower
+    return {op: fn for op, fn in table.items() if lowering.find(op) is None}
