@@ -178,13 +178,16 @@ def run_train_phase(entry, built, modes: tuple[str, ...], opts: SweepOptions, de
                 fp64 = train.run_steps(built, entry, None, opts.train_steps, torch.float64, opts.seed, rebuild)["tensors"]
         except train.StepError:
             fp64 = None
+    null = train.null_gradients(ref, fp64)  # float32 noise on both sides: not compared
+    ref, fp64 = train.without(ref, null), train.without(fp64, null)
     ref_ok, ref_why = numerics.reference_valid(ref, fp64, tol) if fp64 is not None else (False, "")
     reference = "valid" if ref_ok else ("none" if fp64 is None else f"invalid: {ref_why}")
     fp64 = fp64 if ref_ok else None
     for mode in modes:
         emit("phase", f"train-{mode}")
         row = {**base[mode], "reference": errors.normalise(reference),
-               **train.run_train(mode, built, entry, ref, fp64, opts, device, tol, dtype, rebuild, _eager_mode)}
+               **train.run_train(mode, built, entry, ref, fp64, opts, device, tol, dtype, rebuild, _eager_mode,
+                                 null)}
         emit("row", row)
         if row.get("status") in control.CONTROLLED:
             emit("phase", "control")

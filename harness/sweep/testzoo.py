@@ -21,6 +21,8 @@ runs and the status is the backend's:
                 `cause=backend` case (only the backend refuses it)
     recompile   a `pass` whose forward reads a call counter (a Python int attribute): compiled mode traces a new
                 graph on every call, so the row is flagged `recompiles` in steady state
+    nullgrad    a `pass` with attention over its hidden units whose key bias has a zero gradient in exact
+                arithmetic (softmax ignores a shift shared by all keys): its float32 gradient is rounding noise
 
 With HF_TPU_SWEEP_TEST_LOG=path each build appends "<entry_id> <pid>" to that file (exactly-once tests).
 """
@@ -37,13 +39,13 @@ from typing import Any
 from harness.zoo.entry import ZooEntry
 
 KINDS = ("pass", "raise", "compile", "abort", "sleep", "oom", "perturb", "baseline", "missing", "slow", "opaque",
-         "stateful", "recompile")
+         "stateful", "recompile", "nullgrad")
 DEFAULT_SET = ("pass", "raise", "compile", "abort", "sleep", "oom", "perturb", "baseline", "missing")
 EXPECTED_STATUS = {
     "pass": "pass", "raise": "fail_to_run", "compile": "compile_fail", "abort": "crash", "sleep": "timeout",
     "oom": "oom", "perturb": "fail_accuracy", "baseline": "baseline_fail", "missing": "not_available",
     "slow": "pass", "opaque": "compile_fail", "stateful": "pass",
-    "recompile": "pass",
+    "recompile": "pass", "nullgrad": "pass",
 }
 _SPEC_RE = re.compile(r"^([a-z]+)(?:\*(\d+))?$")
 
@@ -96,6 +98,8 @@ def _make_model(kind: str):
             self.fc2 = nn.Linear(32, 8)
             self._cache = None  # "stateful": not a buffer, so `.to()` does not move it
             self.calls = 0  # "recompile": Dynamo specializes on it (dynamic=False), a new graph each call
+            if kind == "nullgrad":  # created last: the other layers' initial weights are those of `pass`
+                self.key = nn.Linear(32, 32)
 
         def forward(self, x):
             h = torch.nn.functional.gelu(self.fc1(x))
@@ -103,6 +107,8 @@ def _make_model(kind: str):
                 h = torch.cosh(h * 0.1)
             if kind == "opaque":
                 h = _opaque_op()(h)
+            if kind == "nullgrad":  # q.(k + b) = q.k + q.b: the same shift for every key, gone after softmax
+                h = torch.softmax(h @ self.key(h).T / 32**0.5, dim=-1) @ h
             out = self.fc2(h)
             if kind == "recompile":
                 self.calls += 1
@@ -170,7 +176,8 @@ def parse_spec(spec: str) -> list[TestEntry]:
             eid = f"test/{kind}" if count is None else f"test/{kind}_{i:03d}"
             entries.append(TestEntry(
                 id=eid, library="test", model_type=kind, model_class="Tiny",
-                task="test-" + ("regression" if kind in ("pass", "slow", "perturb", "recompile") else "failure"),
+                task="test-" + ("regression" if kind in ("pass", "slow", "perturb", "recompile", "nullgrad")
+                                else "failure"),
                 available=kind != "missing", reason="not cached offline (test entry)" if kind == "missing" else "",
                 kind=kind,
             ))

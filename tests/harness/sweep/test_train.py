@@ -27,6 +27,19 @@ def test_train_row_passes_with_performance_columns(tmp_path):
     assert row["warmup_s"] >= 0 and 0 < row["run_s"] and row["wall_s"] >= row["first_run_s"] + row["run_s"]
 
 
+def test_a_gradient_zero_in_exact_arithmetic_is_not_compared_and_the_row_says_so(tmp_path, monkeypatch):
+    """The key bias under softmax: float32 gradients of ~1e-9 of the others, rounding noise that differs
+    between CPU and tpu. The row passes, names the parameter, and every other tensor is still compared."""
+    row = _train_rows("nullgrad", tmp_path)["eager"]
+    assert row["status"] == "pass", row
+    assert "zero gradient in exact arithmetic (key.bias)" in row["error_message"]
+    assert row["reference"] == "valid"  # the noise no longer invalidates the float64 reference
+    # judged as any other gradient, the noise fails the rule
+    monkeypatch.setattr(train, "null_gradients", lambda ref, fp64: [])
+    row = _train_rows("nullgrad", tmp_path)["eager"]
+    assert row["status"] == "fail_accuracy" and "key.bias" in row["error_message"], row
+
+
 def test_wrong_backward_lowering_is_fail_accuracy_naming_the_parameter(tmp_path, monkeypatch):
     """mm's lowering scaled by 1.05: the Linear layers' forward is addmm, their backward mm, so only the backward
     is wrong (the canary's mechanism, harness/sweep/canary.py, on one backward op)."""
