@@ -3,7 +3,8 @@ fault of growing size (harness.sweep.canary), each judged by the sweep's rule at
 
   python benchmarks/numerics_line.py --precision medium [--dtype bfloat16] [--match REGEX] [--factors 1.01,1.1]
 
-Prints one line per entry (rel rmse = rmse(fp64, tpu) / RMS(fp64), worst tensor; P = pass, F = fail) and a
+Prints one line per entry (rel rmse = rmse(fp64, tpu) / RMS(fp64), worst tensor, then "~" the agreement
+rmse(cpu, tpu) / RMS(fp64); P = pass, F = fail) and a
 summary: clean false failures, and per fault factor the share of the entries it changes that the rule fails.
 Built, baseline and reference once per entry; the backend runs are side by side in this one process.
 """
@@ -52,14 +53,14 @@ def main() -> int:
         tol = numerics.tolerance_for(e.id, args.precision, args.dtype, overrides)
         try:
             b = e.build(0)
-            torch.set_float32_matmul_precision("highest")
             with torch.no_grad():
                 torch.manual_seed(0)
                 bm = prepare_model(b.model, None, low) if low else b.model
                 with emulate.matmul_precision("highest" if args.no_emulate else args.precision):
                     ref = to_cpu(output_tensors(b.call(bm, prepare_inputs(b.inputs, None, low))))
                 torch.manual_seed(0)
-                fp64 = to_cpu(output_tensors(b.call(prepare_model(b.model, None, torch.float64),
+                with emulate.cpu_reference():
+                    fp64 = to_cpu(output_tensors(b.call(prepare_model(b.model, None, torch.float64),
                                                     prepare_inputs(b.inputs, None, torch.float64))))
         except Exception as exc:  # noqa: BLE001
             print(f"{e.id} | baseline failed: {type(exc).__name__}: {str(exc)[:80]}", flush=True)
@@ -86,13 +87,13 @@ def main() -> int:
                 if outcome != "untouched" and c.match:
                     changed[f] += 1
                     caught[f] += outcome == "caught"
-                cells.append(f"{'P' if cf.match else 'F'} {cf.rel_rmse:.2g}" + (" (untouched)" if outcome == "untouched" else ""))
+                cells.append(f"{'P' if cf.match else 'F'} {cf.rel_rmse:.2g} ~{cf.agree_rmse:.2g}" + (" (untouched)" if outcome == "untouched" else ""))
         except Exception as exc:  # noqa: BLE001
             print(f"{e.id} | tpu failed: {type(exc).__name__}: {str(exc)[:80]}", flush=True)
             continue
         if not c.match:
-            clean_fail.append(e.id)
-        print(f"{e.id} | {'valid' if valid else 'invalid'} | {'P' if c.match else 'F'} {c.rel_rmse:.2g} | "
+            clean_fail.append(f"{e.id}: {c.reason[:160]}")
+        print(f"{e.id} | {'valid' if valid else 'invalid'} | {'P' if c.match else 'F'} {c.rel_rmse:.2g} ~{c.agree_rmse:.2g} | "
               + " | ".join(cells) + f"  [{time.perf_counter() - t0:.0f}s]", flush=True)
     print(f"\nclean false failures: {len(clean_fail)} {clean_fail}")
     for f in factors:

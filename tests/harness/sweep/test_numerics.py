@@ -89,3 +89,30 @@ def test_malformed_overrides_name_the_problem(tmp_path, text):
 
 def test_shipped_overrides_file_is_valid():
     load_overrides(None)
+
+
+def test_agree_bound_catches_what_the_bfloat16_allowance_hides():
+    """At "medium" the baseline computes the tpu's rounding: an error the fp64 rule's 3x bfloat16 allowance
+    accepts is still caught by the agreement bound, and float32 noise between the two still passes."""
+    torch.manual_seed(0)
+    fp64 = torch.randn(100, 100, dtype=torch.float64)
+    ref = (fp64 + 3e-3 * torch.randn(100, 100, dtype=torch.float64)).float()  # bfloat16-sized baseline error
+    wrong = (ref.double() + 8e-3 * torch.randn(100, 100, dtype=torch.float64)).float()
+    noisy = (ref.double() + 1e-7 * torch.randn(100, 100, dtype=torch.float64)).float()
+    loose = Tolerance(2e-2, floor=1e-3)
+    assert compare_tensor("t", ref, wrong, fp64, loose)[0]  # hidden under 3 * 3e-3 + 1e-3
+    strict = Tolerance(2e-2, floor=1e-3, agree=0.5)  # at most half the baseline's own rounding error
+    ok, m, reason = compare_tensor("t", ref, wrong, fp64, strict)
+    assert not ok and "0.5*rmse(fp64,cpu)" in reason and 7e-3 < m["agree_rmse"] < 9e-3
+    assert compare_tensor("t", ref, noisy, fp64, strict)[0]
+    flips = ref.clone()
+    flips.view(-1)[::50] *= 1 + 2**-8  # a bfloat16 ulp flipped in 2% of the elements: ~6e-4 of the scale
+    assert compare_tensor("t", ref, flips, fp64, strict)[0]
+
+
+def test_agree_comes_from_the_defaults_and_entries_override_it(tmp_path):
+    assert tolerance_for("x", "highest", "float32").agree is None  # a float32 baseline: the fp64 rule alone
+    assert tolerance_for("x", "medium", "float32").agree is not None
+    f = tmp_path / "t.yaml"
+    f.write_text("entries:\n  x: {agree: 0.5}\n")
+    assert tolerance_for("x", "medium", "float32", load_overrides(f)).agree == 0.5
