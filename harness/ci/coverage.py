@@ -284,6 +284,26 @@ def numerics_by_op(df: pd.DataFrame, examples: int = 3) -> pd.DataFrame:
     return t.drop(columns="_unlocated").reset_index(drop=True)
 
 
+PRECISION_MEANING = {
+    "highest": "float32 matmuls",
+    "high": "float32 matmuls as three bfloat16 passes",
+    "medium": "float32 matmuls with bfloat16 products, TorchTPU's default",
+}
+
+
+def configuration(df: pd.DataFrame) -> str:
+    """Which precision and dtype the rows ran at (a headline means nothing without them)."""
+    def values(col: str) -> list[str]:
+        return sorted(str(v) for v in df[col].dropna().unique()) if col in df else []
+
+    precisions = values("precision")
+    text = ", ".join(f"precision {p} ({PRECISION_MEANING.get(p, p)})" for p in precisions) or "precision unknown"
+    text += f"; dtype {', '.join(values('dtype')) or 'unknown'}"
+    if any(p != "highest" for p in precisions):
+        text += "; the CPU baseline computed in IEEE float32 with the tpu's rounding applied (docs/numerics.md)"
+    return text
+
+
 def coverage_markdown(df: pd.DataFrame, worst: int = 20) -> str:
     """coverage.md: headline figures, coverage by mode/task/library, crash table, worst numerics."""
     h = headline(df)
@@ -296,6 +316,7 @@ def coverage_markdown(df: pd.DataFrame, worst: int = 20) -> str:
         f"- **numerics-match**: {h.numerics_match}",
         f"- rows: {h.rows}, of which {h.excluded} excluded from the denominators "
         f"({', '.join(schema.EXCLUDED_FROM_DENOMINATOR)})",
+        f"- **configuration**: {configuration(df)}",
         "",
     ]
     for col, title in (("mode", "mode"), ("task", "task family"), ("library", "library")):

@@ -80,6 +80,15 @@ def test_coverage_markdown_has_the_figures(demo: pd.DataFrame) -> None:
     assert "## Crashes by root cause (4)" in md
 
 
+def test_coverage_says_which_precision_the_run_used(demo: pd.DataFrame) -> None:
+    md = cov.coverage_markdown(demo)
+    (line,) = [x for x in md.splitlines() if x.startswith("- **configuration**")]
+    assert "precision highest" in line and "dtype float32" in line
+    medium = demo.assign(precision="medium")
+    line = [x for x in cov.coverage_markdown(medium).splitlines() if x.startswith("- **configuration**")][0]
+    assert "precision medium" in line and "bfloat16 products" in line and "IEEE float32" in line
+
+
 @pytest.mark.skipif(importlib.util.find_spec("harness.sweep.outputs") is None, reason="harness.sweep not built")
 def test_same_headline_as_the_sweep(demo: pd.DataFrame) -> None:
     # The sweep's coverage.md and the dashboard must never disagree on the headline figures.
