@@ -70,6 +70,7 @@ def run(args: argparse.Namespace) -> int:
     def go() -> int:
         r = load_run(args.run)
         e = exp_mod.load_expected(args.expected)
+        exp_mod.check_configuration(r, args.expected)
         scope = None if args.whole_zoo else run_scope(r.path)
         if scope is not None:
             print(f"compare: the run selected {len(scope.entry_ids)} entries ({scope.description}); expected "

@@ -4,6 +4,8 @@ Layout (see reports/expected/README.md), after PyTorch's benchmarks/dynamo/ci_ex
 
     <mode>.csv   name,status           one row per zoo entry, sorted by name; mode is one of schema.MODES
     flaky.csv    name,mode,reason      entries whose status may change run to run; empty mode = every mode
+    configuration.json                 {"precision": ..., "dtype": ...} the statuses hold for (absent: the
+                                       default sweep, highest/float32); compare refuses another configuration
 
 `accept` rewrites the <mode>.csv files and never touches flaky.csv (a human curates that list).
 """
@@ -24,6 +26,48 @@ DEFAULT_DIR = Path("reports/expected")
 FLAKY = "flaky.csv"
 EXPECTED_COLUMNS = ["name", "status"]
 FLAKY_COLUMNS = ["name", "mode", "reason"]
+CONFIGURATION = "configuration.json"
+CONFIG_KEYS = ("precision", "dtype")
+DEFAULT_CONFIGURATION = {"precision": "highest", "dtype": "float32"}
+
+
+def configuration(expected_dir: str | Path) -> dict[str, str]:
+    """The sweep configuration an expected-results directory describes."""
+    import json
+
+    p = Path(expected_dir) / CONFIGURATION
+    if not p.exists():
+        return dict(DEFAULT_CONFIGURATION)
+    try:
+        data = json.loads(p.read_text())
+    except (OSError, ValueError) as exc:
+        raise InputError(f"{p} is not valid JSON ({exc}); fix it or delete it (then: {DEFAULT_CONFIGURATION})") \
+            from None
+    return {k: str(data.get(k, DEFAULT_CONFIGURATION[k])) for k in CONFIG_KEYS}
+
+
+def run_configuration(run: Run) -> dict[str, str]:
+    """{precision, dtype} of a run; InputError when its rows mix configurations (compare them one by one)."""
+    out = {}
+    for k in CONFIG_KEYS:
+        values = sorted({str(v) for v in run.df[k].dropna() if str(v)}) if k in run.df else []
+        if len(values) > 1:
+            raise InputError(f"{run.path}/results.csv mixes {k} values {values}; compare or accept each "
+                             f"configuration's run on its own")
+        out[k] = values[0] if values else DEFAULT_CONFIGURATION[k]
+    return out
+
+
+def check_configuration(run: Run, expected_dir: str | Path) -> None:
+    """A run at "medium" held to statuses accepted at "highest" would report rounding as regressions (and
+    the reverse would hide them): refuse, naming the directory that fits."""
+    mine, theirs = run_configuration(run), configuration(expected_dir)
+    if mine != theirs:
+        raise InputError(
+            f"{run.path} ran at precision {mine['precision']}, dtype {mine['dtype']} but {expected_dir} holds "
+            f"results for precision {theirs['precision']}, dtype {theirs['dtype']}; pass the expected directory "
+            f"of that configuration with --expected DIR (e.g. reports/expected-medium for --precision medium), "
+            f"or create one with `hf-tpu accept RUN --expected DIR`")
 
 
 @dataclass
@@ -135,7 +179,14 @@ def accept(run: Run, expected_dir: str | Path = DEFAULT_DIR, update: bool = Fals
             f"{run.path}/results.csv has no rows; accepting it would empty the expected results - "
             f"accept a finished sweep instead"
         )
+    config = run_configuration(run)
+    if any(mode_file(d, m).exists() for m in schema.MODES):
+        check_configuration(run, d)  # never mix configurations in one directory
     d.mkdir(parents=True, exist_ok=True)
+    if config != DEFAULT_CONFIGURATION or (d / CONFIGURATION).exists():
+        import json
+
+        atomic_write_text(d / CONFIGURATION, json.dumps(config, indent=1) + "\n")
     res = AcceptResult(written={}, rows={}, changed={})
     for mode in schema.MODES:
         sub = run.df[run.df["mode"] == mode]

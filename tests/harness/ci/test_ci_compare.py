@@ -272,3 +272,22 @@ def test_an_opt_in_mode_is_compared_only_in_runs_that_swept_it(tmp_path: Path) -
     eager_only = _run(tmp_path, "eager_only", {("m/a", "eager"): "pass"})
     assert main(["compare", str(eager_only), "--expected", str(exp)]) == 1
     assert _classes(eager_only)[("m/a", "compiled")] == "MISSING"
+
+
+def test_a_medium_run_is_held_to_its_own_expected_directory(tmp_path: Path, expected: Path,
+                                                          capsys: pytest.CaptureFixture) -> None:
+    """Statuses accepted at "highest" say nothing about a run at "medium": compare refuses the pair (exit 2,
+    naming the fix), accept into a fresh directory records the configuration, and that directory compares."""
+    rows = [row(e, mode=m, status=s, precision="medium", **({"error_type": "RuntimeError", "error_message": "boom"}
+                                                            if s in schema.RUN_FAILURES else {}))
+            for (e, m), s in BASE.items()]
+    medium = write_run(tmp_path / "medium", rows)
+    assert main(["compare", str(medium), "--expected", str(expected)]) == 2
+    err = capsys.readouterr().err
+    assert "precision medium" in err and "--expected DIR" in err
+    assert main(["accept", str(medium), "--expected", str(expected)]) == 2  # never mixed into one directory
+    exp_medium = tmp_path / "expected-medium"
+    assert main(["accept", str(medium), "--expected", str(exp_medium)]) == 0
+    assert '"precision": "medium"' in (exp_medium / "configuration.json").read_text()
+    assert main(["compare", str(medium), "--expected", str(exp_medium)]) == 0
+    assert not (expected / "configuration.json").exists()  # the default configuration needs no file

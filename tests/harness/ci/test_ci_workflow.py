@@ -41,7 +41,9 @@ def _run_scripts(wf: dict) -> list[tuple[str, str]]:
 
 def hf_tpu_calls(script: str) -> list[list[str]]:
     """Argument lists of every `hf-tpu ...` command in a shell script. GitHub expressions become `X`,
-    shell variables stay as words; both then pass for any argument value."""
+    shell variables stay as words; both then pass for any argument value. An expression naming an input with
+    choices (precision) becomes its default, so the parser's own check of the choice still runs."""
+    script = re.sub(r"\$\{\{[^}]*inputs\.precision[^}]*\}\}", "highest", script)
     script = re.sub(r"\$\{\{.*?\}\}", "X", script)
     script = script.replace("\\\n", " ")
     calls = []
