@@ -205,10 +205,14 @@ def register() -> bool:
         return False  # torch_tpu (or another backend) took PrivateUse1 first
     from torch.utils.backend_registration import _setup_privateuseone_for_python_backend
 
-    from hf_tpu import module_moves, precision, serialization, tpu_api
+    from hf_tpu import module_moves, native, precision, serialization, tpu_api
 
     for fn in (_fallback, _direct, _direct_inplace_view):
         _never_traced_by_dynamo(fn)
+    # The C++ hooks first (pinned memory, generators, events, synchronize, memory statistics): PyTorch takes
+    # a device's hooks and guard once, so the Python ones below are then declined; they serve when the C++
+    # part cannot be built (hf_tpu/native).
+    native.install()
     _setup_privateuseone_for_python_backend(NAME, backend_module=tpu_api.build(), hook=_Hooks(), device_guard=_Guard())
     _lib = torch.library.Library("_", "IMPL")  # noqa: TOR901 - a backend fallback, held for the process
     _lib.fallback(_fallback, "PrivateUse1")

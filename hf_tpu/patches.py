@@ -1,4 +1,4 @@
-"""Every patch hf_tpu applies to Transformers, Accelerate, Diffusers (and torch.Generator), in one place.
+"""Every patch hf_tpu applies to Transformers, Accelerate, Diffusers (and torch), in one place.
 
 Upstream already treats `tpu` right almost everywhere: `from_pretrained(device_map="tpu")`, `{"": "tpu:0"}`,
 `dtype=`, sharded and `.bin` checkpoints, `pipe.to("tpu")`, and `generate`'s own compile (Transformers
@@ -19,7 +19,6 @@ right after the module's own code has run (or at once, if it is already imported
   transformers.utils.output_capturing  _CanRecordRegistry.get        (patch "tpu_output_capture_guards")
   accelerate.state               PartialState.default_device         (patch "accelerate_tpu_device")
   safetensors.torch              load_file                           (patch "safetensors_tpu_load_file")
-  torch                          Generator                           (patch "tpu_generator_error")
   torch                          Tensor.__deepcopy__                 (patch "tpu_deepcopy")
   torch                          _TorchCompileInductorWrapper        (patch "tpu_default_compile")
 
@@ -366,47 +365,6 @@ def _patch_checkpoint_errors(mod: Any) -> None:
     mod.safe_open = safe_open
     mod.load_state_dict = load_state_dict
     _mark("checkpoint_file_errors")
-
-
-# ------------------------------------------------------------------------------------------------ patch 4
-def _patch_torch_generator() -> None:
-    """Upstream (PyTorch): `torch.Generator(device="tpu")` needs the backend's C++ `getNewGenerator` hook,
-    which a Python backend cannot provide, and fails with "You should register `PrivateUse1HooksInterface`
-    ... and implement `getNewGenerator`", which tells a Diffusers user nothing. Fix: `torch.Generator` is
-    replaced by a class that builds the same C generator for every other device and, for `tpu`, raises an
-    error that says to pass a CPU generator (Diffusers draws on CPU and moves the noise to the device, so
-    results match CPU). `isinstance(g, torch.Generator)` still holds for every generator."""
-    import torch
-
-    c_generator = torch._C.Generator
-    if getattr(torch.Generator, "_hf_tpu_patched", False) or torch.Generator is not c_generator:
-        return
-
-    class _GeneratorMeta(type):
-        def __instancecheck__(cls, obj: Any) -> bool:
-            return isinstance(obj, c_generator)
-
-        def __subclasscheck__(cls, sub: Any) -> bool:
-            return issubclass(sub, c_generator)
-
-        def __call__(cls, device: Any = "cpu", *args: Any, **kwargs: Any) -> Any:
-            device = kwargs.pop("device", device)
-            if _is_hf_tpu_device(device):
-                raise RuntimeError(
-                    f"torch.Generator(device={str(device)!r}) is not supported on hf_tpu's `tpu` device: use a CPU "
-                    "generator, torch.Generator('cpu').manual_seed(seed), and pass it as usual (e.g. "
-                    "pipe(..., generator=g)); random draws on tpu then match CPU exactly."
-                )
-            return c_generator(device, *args, **kwargs)
-
-    class Generator(metaclass=_GeneratorMeta):
-        __doc__ = c_generator.__doc__
-        _hf_tpu_patched = True
-
-    Generator.__module__ = "torch"
-    Generator.__qualname__ = "Generator"
-    torch.Generator = Generator
-    _mark("tpu_generator_error")
 
 
 def _is_hf_tpu_device(device: Any) -> bool:
@@ -773,7 +731,6 @@ def install() -> None:
         if name in sys.modules:
             _apply(name, sys.modules[name])
     if _tpu_served_by_hf_tpu():
-        _patch_torch_generator()
         _patch_tensor_deepcopy()
         _patch_default_compile()
         _patch_tensor_printing()

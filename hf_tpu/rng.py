@@ -60,9 +60,11 @@ class RngEnv:
         _draws += 1
         jax = runtime.jax()
         if generator is not None:
+            if generator.device.type == "tpu":
+                return _generator_key(generator)
             if generator.device.type != "cpu":
                 raise RuntimeError(
-                    f"tpu random ops take a CPU generator (torch.Generator('cpu')), got one on {generator.device}"
+                    f"tpu random ops take a tpu or CPU generator, got one on {generator.device}"
                 )
             # Draw the key from the CPU generator so that it advances, like any other draw from it.
             draw = torch.randint(0, 1 << 62, (1,), generator=generator).item()
@@ -74,14 +76,55 @@ class RngEnv:
 
 ENV = RngEnv()
 _draws = 0
+# (generator, its offset before the draw) for draws from tpu generators, newest last: set_state rolls back
+# the ones a failed trace made. Only the newest entries can matter, so the log is kept short.
+_generator_log: list[tuple[torch.Generator, int]] = []
+_LOG_MAX = 256
+
+
+def _generator_key(generator: torch.Generator) -> Any:
+    """The key of a draw from a torch.Generator('tpu'): its (seed, offset) pair folded into a JAX key, the
+    offset then advanced by one (hf_tpu/native's generator keeps the pair), so reseeding or restoring a
+    state repeats the draws, as with a CUDA generator's Philox (seed, offset)."""
+    from hf_tpu import runtime
+
+    seed, offset = generator.initial_seed(), generator.get_offset()
+    generator.set_offset(offset + 1)
+    _generator_log.append((generator, offset))
+    if len(_generator_log) > _LOG_MAX:
+        del _generator_log[: _LOG_MAX // 2]
+    words = [seed >> 32, seed & 0xFFFFFFFF, offset >> 32, offset & 0xFFFFFFFF]
+    return _fold_program()(runtime.jax().numpy.asarray(words, dtype="uint32"))
+
+
+def _fold_program() -> Any:
+    global _fold
+    if _fold is None:
+        from hf_tpu import runtime
+
+        jax = runtime.jax()
+
+        def fold(words: Any) -> Any:  # the key PRNGKey(seed) is, with both halves of the offset folded in
+            return jax.random.fold_in(jax.random.fold_in(words[:2], words[2]), words[3])
+
+        _fold = jax.jit(fold)
+    return _fold
+
+
+_fold: Any = None
 
 
 def get_state() -> Any:
-    """The key as it is (None before the first draw): a trace that drew from it puts it back (decomposed.py)."""
-    return getattr(_state, "key", None)
+    """The key as it is (None before the first draw) and the draws from tpu generators so far: a trace that
+    drew puts both back (decomposed.py)."""
+    return getattr(_state, "key", None), len(_generator_log)
 
 
-def set_state(key: Any) -> None:
+def set_state(state: Any) -> None:
+    key, logged = state
+    while len(_generator_log) > logged:
+        generator, offset = _generator_log.pop()
+        generator.set_offset(offset)
     if key is None:
         if hasattr(_state, "key"):
             del _state.key

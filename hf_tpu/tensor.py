@@ -24,7 +24,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from hf_tpu import dtypes, fused, views
+from hf_tpu import dtypes, fused, memory, views
+
+_hold, _release = memory.hold, memory.release  # device memory accounting (memory.py)
 
 
 class Buffer:
@@ -42,7 +44,11 @@ class Buffer:
         self._array = array
         self._loader = loader
         self.version = 0
-        self.shape = tuple(array.shape) if array is not None else tuple(shape)  # type: ignore[arg-type]
+        if array is not None:
+            shape = self.shape = tuple(array.shape)
+            _hold(array, shape)
+        else:
+            self.shape = tuple(shape)  # type: ignore[arg-type]
 
     @property
     def array(self) -> Any:
@@ -50,14 +56,27 @@ class Buffer:
         if a is None:
             with _load_lock:  # two threads' first uses must not read (and allocate) twice
                 if self._array is None:
-                    self._array, self._loader = self._loader(), None  # type: ignore[misc]
+                    value = self._loader()  # type: ignore[misc]
+                    if self._array is None:  # a fused graph's loader may have set it (through the setter)
+                        self._array = value
+                        _hold(value, self.shape)
+                    self._loader = None
             a = self._array
         return a
 
     @array.setter
     def array(self, value: Any) -> None:
+        old = self._array
         self._array, self._loader = value, None
-        self.shape = tuple(value.shape)
+        shape = self.shape = tuple(value.shape)
+        _hold(value, shape)
+        if old is not None:
+            _release(old)
+
+    def __del__(self, _release: Callable[[Any], None] = memory.release) -> None:
+        # the bound default keeps the function reachable while modules are torn down at exit
+        if self._array is not None:
+            _release(self._array)
 
     @property
     def numel(self) -> int:
@@ -265,6 +284,8 @@ def _pend(buf: Buffer, node: Any) -> None:
     old = buf._loader
     if type(old) is fused.Node and old.buf_ref is not None and old.buf_ref() is buf:
         old.buf_ref = None
+    if buf._array is not None:
+        _release(buf._array)
     buf._array, buf._loader, buf.shape = None, node, node.aval[0]
     fused.attach(node, buf)
     buf.version += 1

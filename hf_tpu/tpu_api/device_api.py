@@ -166,11 +166,26 @@ def empty_cache() -> None:
 
 
 def memory_allocated(device: Any = None) -> int:
-    if not _jax_started():
-        return 0
-    from hf_tpu import runtime
+    """Bytes held by live tpu tensors (hf_tpu/memory.py), as torch.accelerator.memory_allocated()."""
+    from hf_tpu import memory
 
-    return sum(a.nbytes for a in runtime.jax().live_arrays())
+    _index(device)
+    return memory.allocated()
+
+
+def max_memory_allocated(device: Any = None) -> int:
+    """The most bytes live tpu tensors held at once since start or the last reset_peak_memory_stats()."""
+    from hf_tpu import memory
+
+    _index(device)
+    return memory.max_allocated()
+
+
+def reset_peak_memory_stats(device: Any = None) -> None:
+    from hf_tpu import memory
+
+    _index(device)
+    memory.reset_peak()
 
 
 def get_device_name(device: Any = None) -> str:

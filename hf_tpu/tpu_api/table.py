@@ -132,4 +132,6 @@ EXTRAS: Mapping[str, str] = {
     "is_bf16_supported": "device_api:is_bf16_supported",
     "empty_cache": "device_api:empty_cache",
     "memory_allocated": "device_api:memory_allocated",
+    "max_memory_allocated": "device_api:max_memory_allocated",
+    "reset_peak_memory_stats": "device_api:reset_peak_memory_stats",
 }

@@ -40,9 +40,16 @@ def test_stable_diffusion_medium_precision(sd_reference, precision):
     assert err <= IMAGE_ATOL_MEDIUM
 
 
-def test_tpu_generator_raises_use_cpu_generator():
-    with pytest.raises(RuntimeError, match="use a CPU generator"):
-        torch.Generator(device="tpu").manual_seed(0)
+def test_tpu_generator_draws_reproducible_latents():
+    """Diffusers draws latents on the generator's device: a tpu generator draws on tpu, reseeding repeats."""
+    from diffusers.utils.torch_utils import randn_tensor
+
+    g = torch.Generator(device="tpu").manual_seed(0)
+    a = randn_tensor((1, 4, 8, 8), generator=g, device=torch.device("tpu"))
+    b = randn_tensor((1, 4, 8, 8), generator=g, device=torch.device("tpu"))
+    g.manual_seed(0)
+    again = randn_tensor((1, 4, 8, 8), generator=g, device=torch.device("tpu"))
+    assert a.device.type == "tpu" and torch.equal(a.cpu(), again.cpu()) and not torch.equal(a.cpu(), b.cpu())
 
 
 def test_diffusion_pipeline_from_pretrained_to_tpu(sd_reference, tmp_path, highest):

@@ -1,0 +1,456 @@
+// The PrivateUse1 hooks PyTorch only takes from C++, for hf-tpu's `tpu` device.
+//
+// A Python backend (torch._C._acc) can say "available" and "built", nothing more. PyTorch asks the
+// backend's C++ hooks for: the pinned host allocator (tensor.pin_memory(), DataLoader(pin_memory=True)),
+// new generators (torch.Generator("tpu")), the device guard's events and synchronisation (torch.Event,
+// torch.accelerator.synchronize) and the device allocator's statistics (torch.accelerator.memory_*).
+// This file provides exactly those, and hands every question about the device's state (queued work, live
+// tensor bytes) to Python callbacks: hf-tpu's tensors live in JAX arrays, which only Python can see.
+//
+// Built on first use by hf_tpu/native/__init__.py (torch.utils.cpp_extension.load) and driven through a
+// small C ABI (ctypes), so that it needs no pybind11 and compiles in seconds.
+
+#include <Python.h>
+
+#include <ATen/EmptyTensor.h>
+#include <ATen/core/Generator.h>
+#include <ATen/detail/PrivateUse1HooksInterface.h>
+#include <c10/core/CachingDeviceAllocator.h>
+#include <c10/core/GeneratorImpl.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <c10/core/impl/alloc_cpu.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <string>
+
+namespace {
+
+constexpr c10::DeviceType kTpu = c10::DeviceType::PrivateUse1;
+
+// ------------------------------------------------------------------------------------ Python callbacks
+// One Python object (hf_tpu.native._Callbacks) answers for the device; its methods are called by name.
+PyObject* g_callbacks = nullptr;
+
+// The pending Python exception as "Type: message", clearing it.
+std::string take_python_error() {
+  PyObject *type = nullptr, *value = nullptr, *tb = nullptr;
+  PyErr_Fetch(&type, &value, &tb);
+  PyErr_NormalizeException(&type, &value, &tb);
+  std::string text = "unknown Python error";
+  if (value != nullptr) {
+    PyObject* s = PyObject_Str(value);
+    const char* name = type ? reinterpret_cast<PyTypeObject*>(type)->tp_name : "Exception";
+    if (s != nullptr) {
+      const char* c = PyUnicode_AsUTF8(s);
+      text = std::string(name) + ": " + (c ? c : "");
+      Py_DECREF(s);
+    }
+  }
+  Py_XDECREF(type);
+  Py_XDECREF(value);
+  Py_XDECREF(tb);
+  PyErr_Clear();
+  return text;
+}
+
+// Calls callbacks.<method>() and returns its result (a new reference), or nullptr when Python is gone
+// (interpreter shutdown). Raises c10::Error carrying the Python error.
+PyObject* call_python(const char* method) {
+  if (g_callbacks == nullptr || !Py_IsInitialized()) {
+    return nullptr;
+  }
+  PyGILState_STATE gil = PyGILState_Ensure();
+  PyObject* result = PyObject_CallMethod(g_callbacks, method, nullptr);
+  if (result == nullptr) {
+    std::string err = take_python_error();
+    PyGILState_Release(gil);
+    TORCH_CHECK(false, "hf_tpu: the tpu device's ", method, "() failed: ", err);
+  }
+  PyGILState_Release(gil);
+  return result;
+}
+
+void call_python_void(const char* method) {
+  PyObject* r = call_python(method);
+  if (r != nullptr) {
+    PyGILState_STATE gil = PyGILState_Ensure();
+    Py_DECREF(r);
+    PyGILState_Release(gil);
+  }
+}
+
+// callbacks.<method>() returning a tuple of ints, copied into `out` (at most n of them).
+void call_python_ints(const char* method, int64_t* out, size_t n) {
+  PyObject* r = call_python(method);
+  if (r == nullptr) {
+    return;
+  }
+  PyGILState_STATE gil = PyGILState_Ensure();
+  bool ok = PyTuple_Check(r) && static_cast<size_t>(PyTuple_GET_SIZE(r)) == n;
+  for (size_t i = 0; ok && i < n; ++i) {
+    out[i] = PyLong_AsLongLong(PyTuple_GET_ITEM(r, i));
+    ok = !PyErr_Occurred();
+  }
+  Py_DECREF(r);
+  if (!ok) {
+    PyErr_Clear();
+  }
+  PyGILState_Release(gil);
+  TORCH_CHECK(ok, "hf_tpu: the tpu device's ", method, "() must return a tuple of ", n, " ints");
+}
+
+void check_index(c10::DeviceIndex index) {
+  TORCH_CHECK(index == 0 || index == -1, "tpu device index ", static_cast<int>(index),
+              " out of range: hf-tpu provides one device (index 0)");
+}
+
+// ------------------------------------------------------------------------------ pinned host memory
+// Page-locked memory lets a GPU's DMA engine copy without staging. The stand-in's device is the host,
+// so pinned memory is ordinary aligned host memory; what PyTorch needs is that it comes from this
+// allocator and that is_pinned() recognises it, including pointers inside a pinned block.
+class PinnedRegistry {
+ public:
+  void add(void* p, size_t n) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    blocks_[reinterpret_cast<uintptr_t>(p)] = n;
+  }
+  void remove(void* p) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    blocks_.erase(reinterpret_cast<uintptr_t>(p));
+  }
+  bool contains(const void* p) {
+    if (p == nullptr) {
+      return false;
+    }
+    auto addr = reinterpret_cast<uintptr_t>(p);
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = blocks_.upper_bound(addr);
+    if (it == blocks_.begin()) {
+      return false;
+    }
+    --it;
+    return addr < it->first + it->second;
+  }
+
+ private:
+  std::mutex mutex_;
+  std::map<uintptr_t, size_t> blocks_;
+};
+
+PinnedRegistry& pinned_registry() {
+  static auto* registry = new PinnedRegistry();  // leaked: freed blocks may outlive static destruction
+  return *registry;
+}
+
+void free_pinned(void* p) {
+  if (p != nullptr) {
+    pinned_registry().remove(p);
+    c10::free_cpu(p);
+  }
+}
+
+struct PinnedAllocator final : c10::Allocator {
+  c10::DataPtr allocate(size_t nbytes) override {
+    void* p = nbytes ? c10::alloc_cpu(nbytes) : nullptr;
+    if (p != nullptr) {
+      pinned_registry().add(p, nbytes);
+    }
+    return {p, p, &free_pinned, c10::Device(c10::DeviceType::CPU)};
+  }
+  c10::DeleterFnPtr raw_deleter() const override {
+    return &free_pinned;
+  }
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    default_copy_data(dest, src, count);
+  }
+};
+
+PinnedAllocator g_pinned;
+
+// ------------------------------------------------------------------------------------- generators
+// A torch.Generator("tpu") holds a seed and an offset, as CUDA's Philox generator does; hf-tpu's random
+// ops (Python) derive each draw's JAX key from the pair and advance the offset by one. The state is the
+// 16 bytes (seed, offset), so get_state/set_state round-trip as on CUDA.
+struct TpuGenerator final : c10::GeneratorImpl {
+  explicit TpuGenerator(c10::DeviceIndex index)
+      : c10::GeneratorImpl(c10::Device(kTpu, index < 0 ? 0 : index), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1)) {}
+
+  void set_current_seed(uint64_t seed) override {
+    seed_ = seed;
+    offset_ = 0;
+  }
+  void set_offset(uint64_t offset) override {
+    offset_ = offset;
+  }
+  uint64_t get_offset() const override {
+    return offset_;
+  }
+  uint64_t current_seed() const override {
+    return seed_;
+  }
+  uint64_t seed() override {
+    uint64_t s = c10::detail::getNonDeterministicRandom();
+    set_current_seed(s);
+    return s;
+  }
+  void set_state(const c10::TensorImpl& state) override {
+    TORCH_CHECK(state.dtype() == caffe2::TypeMeta::Make<uint8_t>() && state.numel() == 16,
+                "a tpu generator's state is the uint8 tensor of 16 bytes get_state() returns, got ",
+                state.dtype().name(), " of ", state.numel(), " elements");
+    TORCH_CHECK(state.device().is_cpu() && state.is_contiguous(), "a tpu generator's state must be a contiguous CPU tensor");
+    const auto* bytes = static_cast<const uint8_t*>(state.data());
+    std::memcpy(&seed_, bytes, 8);
+    std::memcpy(&offset_, bytes + 8, 8);
+  }
+  c10::intrusive_ptr<c10::TensorImpl> get_state() const override {
+    at::TensorBase t = at::detail::empty_cpu({16}, c10::ScalarType::Byte, std::nullopt, std::nullopt, std::nullopt,
+                                             std::nullopt);
+    auto* bytes = static_cast<uint8_t*>(t.data_ptr());
+    std::memcpy(bytes, &seed_, 8);
+    std::memcpy(bytes + 8, &offset_, 8);
+    return t.getIntrusivePtr();
+  }
+
+ private:
+  TpuGenerator* clone_impl() const override {
+    auto* g = new TpuGenerator(device_.index());
+    g->seed_ = seed_;
+    g->offset_ = offset_;
+    return g;
+  }
+
+  uint64_t seed_ = c10::default_rng_seed_val;
+  uint64_t offset_ = 0;
+};
+
+// ------------------------------------------------------------------------------------------ hooks
+struct TpuHooks final : at::PrivateUse1HooksInterface {
+  bool isBuilt() const override {
+    return true;
+  }
+  bool isAvailable() const override {
+    return true;
+  }
+  bool hasPrimaryContext(c10::DeviceIndex) const override {
+    return true;
+  }
+  void init() const override {}
+  c10::DeviceIndex deviceCount() const override {
+    return 1;
+  }
+  void setCurrentDevice(c10::DeviceIndex index) const override {
+    check_index(index);
+  }
+  c10::DeviceIndex getCurrentDevice() const override {
+    return 0;
+  }
+  c10::DeviceIndex exchangeDevice(c10::DeviceIndex index) const override {
+    check_index(index);
+    return 0;
+  }
+  c10::DeviceIndex maybeExchangeDevice(c10::DeviceIndex) const override {
+    return 0;
+  }
+  bool isPinnedPtr(const void* data) const override {
+    return pinned_registry().contains(data);
+  }
+  c10::Allocator* getPinnedMemoryAllocator() const override {
+    return &g_pinned;
+  }
+  at::Generator getNewGenerator(c10::DeviceIndex index) const override {
+    check_index(index);
+    return at::make_generator<TpuGenerator>(index);
+  }
+  // getDefaultGenerator stays PyTorch's "not implemented": tpu's default random stream is hf_tpu.rng's
+  // JAX key (torch.tpu.default_generators), which no C++ kernel draws from.
+};
+
+// ------------------------------------------------------------------------------ guard, streams, events
+// hf-tpu runs all tpu work on one JAX dispatch queue, so every stream is that queue: synchronising any
+// stream or the device waits for all queued work. Recording an event waits for the work queued before it
+// and stamps the host clock, so elapsed_time between two events is the time the work between them took.
+struct TpuEvent {
+  c10::EventFlag flag;
+  bool recorded = false;
+  std::chrono::steady_clock::time_point when;
+};
+
+thread_local c10::StreamId t_current_stream = 0;
+std::atomic<c10::StreamId> g_next_stream{1};
+
+struct TpuGuard final : c10::impl::DeviceGuardImplInterface {
+  c10::DeviceType type() const override {
+    return kTpu;
+  }
+  c10::Device exchangeDevice(c10::Device d) const override {
+    check_index(d.index());
+    return c10::Device(kTpu, 0);
+  }
+  c10::Device getDevice() const override {
+    return c10::Device(kTpu, 0);
+  }
+  void setDevice(c10::Device d) const override {
+    check_index(d.index());
+  }
+  void uncheckedSetDevice(c10::Device) const noexcept override {}
+  c10::Stream getStream(c10::Device) const override {
+    return stream_of(t_current_stream);
+  }
+  c10::Stream getDefaultStream(c10::Device) const override {
+    return stream_of(0);
+  }
+  c10::Stream getNewStream(c10::Device, int /*priority*/) const override {
+    return stream_of(g_next_stream++);
+  }
+  c10::Stream getStreamFromGlobalPool(c10::Device, bool /*isHighPriority*/) const override {
+    return stream_of(0);
+  }
+  c10::Stream exchangeStream(c10::Stream s) const override {
+    c10::Stream before = stream_of(t_current_stream);
+    t_current_stream = s.id();
+    return before;
+  }
+  c10::DeviceIndex deviceCount() const noexcept override {
+    return 1;
+  }
+
+  void record(void** event, const c10::Stream&, const c10::DeviceIndex index, const c10::EventFlag flag) const override {
+    check_index(index);
+    call_python_void("synchronize");
+    auto* e = static_cast<TpuEvent*>(*event);
+    if (e == nullptr) {
+      e = new TpuEvent{flag};
+      *event = e;
+    }
+    e->recorded = true;
+    e->when = std::chrono::steady_clock::now();
+  }
+  void block(void*, const c10::Stream&) const override {}  // one queue: later work already follows it
+  bool queryEvent(void*) const override {
+    return true;  // recording waited for the work before it
+  }
+  void destroyEvent(void* event, const c10::DeviceIndex) const noexcept override {
+    delete static_cast<TpuEvent*>(event);
+  }
+  void synchronizeEvent(void*) const override {}
+  double elapsedTime(void* start, void* end, const c10::DeviceIndex) const override {
+    auto* a = static_cast<TpuEvent*>(start);
+    auto* b = static_cast<TpuEvent*>(end);
+    TORCH_CHECK(a && b && a->recorded && b->recorded, "Both events must be recorded before calculating elapsed time.");
+    TORCH_CHECK(a->flag == c10::EventFlag::BACKEND_DEFAULT && b->flag == c10::EventFlag::BACKEND_DEFAULT,
+                "Both events must be created with argument 'enable_timing=True'.");
+    return std::chrono::duration<double, std::milli>(b->when - a->when).count();
+  }
+
+  bool queryStream(const c10::Stream&) const override {
+    call_python_void("synchronize");
+    return true;
+  }
+  void synchronizeStream(const c10::Stream&) const override {
+    call_python_void("synchronize");
+  }
+  void synchronizeDevice(const c10::DeviceIndex index) const override {
+    check_index(index);
+    call_python_void("synchronize");
+  }
+
+ private:
+  static c10::Stream stream_of(c10::StreamId id) {
+    return c10::Stream(c10::Stream::UNSAFE, c10::Device(kTpu, 0), id);
+  }
+};
+
+// ------------------------------------------------------------------------------------ device memory
+// tpu tensors keep their numbers in JAX arrays, not in PyTorch storage (their StorageImpl has no data),
+// so this allocator never hands out device memory; it is registered for its statistics, which Python
+// counts as the bytes of the JAX arrays live tpu tensors hold (hf_tpu/memory.py).
+void noop_delete(void*) {}
+
+struct TpuDeviceAllocator final : c10::DeviceAllocator {
+  c10::DataPtr allocate(size_t nbytes) override {
+    TORCH_CHECK(nbytes == 0, "hf_tpu: tpu tensors keep their data in JAX arrays, not in PyTorch storage, so a tpu "
+                "storage of ", nbytes, " bytes cannot be allocated; make the tensor with a tpu op instead (e.g. "
+                "torch.empty(n, dtype=torch.uint8, device='tpu') or cpu_tensor.to('tpu')).");
+    return {nullptr, nullptr, &noop_delete, c10::Device(kTpu, 0)};
+  }
+  c10::DeleterFnPtr raw_deleter() const override {
+    return nullptr;
+  }
+  void copy_data(void*, const void*, std::size_t count) const override {
+    TORCH_CHECK(count == 0, "hf_tpu: tpu storages hold no bytes to copy");
+  }
+  bool initialized() override {
+    return true;
+  }
+  void emptyCache(c10::MempoolId_t) override {
+    call_python_void("empty_cache");
+  }
+  void recordStream(const c10::DataPtr&, c10::Stream) override {}
+  c10::CachingDeviceAllocator::DeviceStats getDeviceStats(c10::DeviceIndex index) override {
+    check_index(index);
+    // current, peak, allocated (cumulative), freed (cumulative) bytes; then the same four as counts
+    int64_t v[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    call_python_ints("memory_stats", v, 8);
+    c10::CachingDeviceAllocator::DeviceStats stats;
+    auto fill = [](c10::CachingAllocator::StatArray& a, const int64_t* w) {
+      auto& s = a[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)];
+      s.current = w[0];
+      s.peak = w[1];
+      s.allocated = w[2];
+      s.freed = w[3];
+    };
+    // No cache: reserved = active = allocated = requested.
+    for (auto* a : {&stats.allocated_bytes, &stats.reserved_bytes, &stats.active_bytes, &stats.requested_bytes}) {
+      fill(*a, v);
+    }
+    for (auto* a : {&stats.allocation, &stats.segment, &stats.active}) {
+      fill(*a, v + 4);
+    }
+    return stats;
+  }
+  void resetAccumulatedStats(c10::DeviceIndex index) override {
+    check_index(index);
+    call_python_void("reset_accumulated_memory_stats");
+  }
+  void resetPeakStats(c10::DeviceIndex index) override {
+    check_index(index);
+    call_python_void("reset_peak_memory_stats");
+  }
+  std::pair<size_t, size_t> getMemoryInfo(c10::DeviceIndex index) override {
+    check_index(index);
+    int64_t v[2] = {0, 0};
+    call_python_ints("memory_info", v, 2);
+    return {static_cast<size_t>(v[0]), static_cast<size_t>(v[1])};
+  }
+};
+
+}  // namespace
+
+// ------------------------------------------------------------------------------------------ C ABI
+extern "C" {
+
+// Registers the hooks, the device guard and the device allocator for PrivateUse1; `callbacks` answers
+// for the device (kept alive for the process). Returns 1, or 0 when another backend's hooks were
+// registered first (PyTorch takes PrivateUse1 hooks once per process). Call with the GIL held.
+int hf_tpu_native_install(PyObject* callbacks) {
+  static TpuHooks* hooks = nullptr;
+  if (hooks != nullptr) {
+    return 1;
+  }
+  if (at::isPrivateUse1HooksRegistered()) {
+    return 0;
+  }
+  Py_INCREF(callbacks);
+  g_callbacks = callbacks;
+  hooks = new TpuHooks();  // leaked on purpose: PyTorch holds these for the life of the process
+  at::RegisterPrivateUse1HooksInterface(hooks);
+  c10::impl::registerDeviceGuard(kTpu, new TpuGuard());
+  c10::SetAllocator(kTpu, new TpuDeviceAllocator(), /*priority=*/1);
+  return 1;
+}
+
+}  // extern "C"
