@@ -1,4 +1,4 @@
-"""Compare a run with the expected results: one class per (entry, mode).
+"""Compare a run with the expected results: one class per (entry, phase, mode).
 
 A status is *measured* when it says something about the backend, i.e. it is not one of
 schema.EXCLUDED_FROM_DENOMINATOR (baseline_fail, not_available, skipped). Rules, in order:
@@ -28,6 +28,7 @@ from pathlib import Path
 import pandas as pd
 
 from harness import schema
+from harness.ci import performance
 from harness.ci._io import atomic_write_text
 from harness.ci.expected import Expected
 from harness.ci.runs import Run
@@ -37,6 +38,7 @@ COMPARISON_CSV = "comparison.csv"
 COMPARISON_MD = "comparison.md"
 COMPARISON_COLUMNS = [
     "entry_id",
+    "phase",
     "mode",
     "class",
     "expected",
@@ -75,9 +77,9 @@ class Comparison:
         return {c: int(vc.get(c, 0)) for c in CLASSES}
 
     def counts_by_mode(self) -> pd.DataFrame:
-        t = pd.crosstab(self.table["mode"], self.table["class"]) if len(self.table) else pd.DataFrame()
-        modes = [m for m in schema.MODES if m in t.index] + [m for m in t.index if m not in schema.MODES]
-        return t.reindex(index=modes, columns=list(CLASSES), fill_value=0)
+        """Class counts per mode (inference) and per `train/<mode>` (the train phase), in schema order."""
+        t = pd.crosstab(where_label(self.table), self.table["class"]) if len(self.table) else pd.DataFrame()
+        return t.reindex(index=performance.where_order(t.index), columns=list(CLASSES), fill_value=0)
 
     def exit_code(self, accept_improvements: bool = False, allow_missing: bool = False) -> int:
         c = self.counts()
@@ -91,37 +93,44 @@ class Comparison:
         return self.table[self.table["class"] != "PASS"]
 
 
+def where_label(table: pd.DataFrame) -> pd.Series:
+    """'eager' for an inference row, 'train/eager' for a train row (a table without phases: inference)."""
+    return performance.where(table)
+
+
 def compare(run: Run, expected: Expected, scope: frozenset[str] | None = None) -> Comparison:
-    """Classify every (entry, mode) in the union of the run and the expected results; with `scope` (the
-    entry ids the run selected, harness.ci.scope), only the expected entries in it."""
-    rows: dict[tuple[str, str], dict] = {}
-    # expected results are per (entry, mode) of the inference phase; train rows have no expected results yet
-    # (issue 27: accepted once the full zoo runs with both phases), so they are not compared
-    df = run.df[run.df["phase"].isin(("inference", ""))] if "phase" in run.df.columns else run.df
-    actual = df.set_index(["entry_id", "mode"])
-    swept = set(df["mode"])
-    # Expected entries in a default mode the run never swept are still MISSING: a nightly that lost its
-    # compiled shard must not pass. An opt-in mode (fused) is compared only in runs that swept it.
+    """Classify every (entry, phase, mode) in the union of the run and the expected results; with `scope`
+    (the entry ids the run selected, harness.ci.scope), only the expected entries in it."""
+    rows: dict[tuple[str, str, str], dict] = {}
+    df = run.df.copy()
+    df["phase"] = df["phase"].where(df["phase"] != "", "inference") if "phase" in df.columns else "inference"
+    actual = df.set_index(["entry_id", "phase", "mode"])
+    swept_modes, swept_phases = set(df["mode"]), set(df["phase"])
+    # Expected entries in a default mode or phase the run never swept are still MISSING: a nightly that lost
+    # its compiled shard must not pass. An opt-in mode (fused) or phase (train) is compared only in runs that
+    # swept it.
     keys = set(actual.index) | {
         k for k in expected.status
-        if (k[1] in schema.DEFAULT_MODES or k[1] in swept) and (scope is None or k[0] in scope)
+        if (k[2] in schema.DEFAULT_MODES or k[2] in swept_modes)
+        and (k[1] in schema.DEFAULT_PHASES or k[1] in swept_phases) and (scope is None or k[0] in scope)
     }
     for key in keys:
-        entry_id, mode = key
+        entry_id, phase, mode = key
         exp = expected.status.get(key)
         row = actual.loc[key] if key in actual.index else None
         act = None if row is None else str(row["status"])
-        flaky = expected.is_flaky(entry_id, mode)
+        flaky = expected.is_flaky(entry_id, mode, phase)
         cls = classify(exp, act, flaky)
         note = ""
         if flaky and cls in ("FLAKY", "PASS"):
-            note = "flaky: " + (expected.flaky_reason(entry_id, mode) or "listed in flaky.csv")
+            note = "flaky: " + (expected.flaky_reason(entry_id, mode, phase) or "listed in flaky.csv")
         elif act is None:
             note = "no row in the run"
         elif exp is None:
             note = "not in the expected results"
         rows[key] = {
             "entry_id": entry_id,
+            "phase": phase,
             "mode": mode,
             "class": cls,
             "expected": exp or "",
@@ -135,7 +144,7 @@ def compare(run: Run, expected: Expected, scope: frozenset[str] | None = None) -
     order = {c: i for i, c in enumerate(CLASSES)}
     table = (
         table.assign(_o=table["class"].map(order))
-        .sort_values(["_o", "entry_id", "mode"], kind="stable")
+        .sort_values(["_o", "entry_id", "phase", "mode"], kind="stable")
         .drop(columns="_o")
         .reset_index(drop=True)
     )
@@ -160,10 +169,10 @@ def comparison_markdown(comp: Comparison, run_name: str, expected_dir: Path) -> 
         lines.append("None: the run matches the expected results.")
     else:
         lines += ["| class | entry | mode | expected | actual | error | note |", "|---|---|---|---|---|---|---|"]
-        for _, r in diff.iterrows():
+        for (_, r), where in zip(diff.iterrows(), where_label(diff), strict=True):
             err = f"{r['error_type']}: {r['error_message']}".strip(": ") if r["error_type"] else r["error_message"]
             lines.append(
-                f"| {r['class']} | `{r['entry_id']}` | {r['mode']} | {r['expected'] or '-'} | {r['actual'] or '-'} "
+                f"| {r['class']} | `{r['entry_id']}` | {where} | {r['expected'] or '-'} | {r['actual'] or '-'} "
                 f"| {_md_cell(err)} | {_md_cell(r['note'])} |"
             )
     return "\n".join(lines) + "\n"

@@ -1,4 +1,4 @@
-"""`hf-tpu compare RUN`: classify each (entry, mode) against reports/expected/ (rules in harness.ci.compare)."""
+"""`hf-tpu compare RUN`: classify each (entry, phase, mode) against reports/expected/ (rules in harness.ci.compare)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 from harness.ci import expected as exp_mod
 from harness.ci.cli_common import guarded
-from harness.ci.compare import CLASSES, Comparison, compare, write_comparison
+from harness.ci.compare import CLASSES, Comparison, where_label, compare, write_comparison
 from harness.ci.runs import load_run
 from harness.ci.scope import run_scope
 
@@ -57,9 +57,10 @@ def _print(comp: Comparison, run_name: str, expected_dir: Path) -> None:
         d = Table(title=f"differences ({len(diff)})")
         for c in ("class", "entry", "mode", "expected", "actual", "error / note"):
             d.add_column(c, overflow="fold")
-        for _, r in diff.head(SHOW_LIMIT).iterrows():
+        head = diff.head(SHOW_LIMIT)
+        for (_, r), where in zip(head.iterrows(), where_label(head), strict=True):
             err = f"{r['error_type']}: {r['error_message']}" if r["error_type"] else (r["error_message"] or r["note"])
-            d.add_row(f"[{_STYLE[r['class']]}]{r['class']}[/]", r["entry_id"], r["mode"], r["expected"] or "-",
+            d.add_row(f"[{_STYLE[r['class']]}]{r['class']}[/]", r["entry_id"], where, r["expected"] or "-",
                       r["actual"] or "-", err[:120])
         console.print(d)
         if len(diff) > SHOW_LIMIT:

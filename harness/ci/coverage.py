@@ -21,8 +21,11 @@ from dataclasses import dataclass
 import pandas as pd
 
 from harness import schema
+from harness.ci import performance
 
 RAN = ("pass", "fail_accuracy")
+
+_where, _where_order = performance.where, performance.where_order  # phase/mode labels: 'eager', 'train/eager'
 
 
 @dataclass(frozen=True)
@@ -199,7 +202,7 @@ def crash_table(df: pd.DataFrame, examples: int = 3) -> pd.DataFrame:
                 "entries": len(ids),
                 "rows": len(g),
                 "statuses": ", ".join(sorted(g["status"].unique())),
-                "modes": ", ".join(m for m in schema.MODES if m in set(g["mode"])),
+                "modes": ", ".join(_where_order(_where(g))),
                 "examples": ", ".join(ids[:examples]) + (f", … (+{len(ids) - examples})" if len(ids) > examples else ""),
                 "located_op": ", ".join(o for o in dict.fromkeys(g["_located"]) if o),
                 "located_modules": _modules(g),
@@ -228,6 +231,7 @@ NUMERICS_COLUMNS = [
     "rmse_ratio",
     "located_module",
     "located_op",
+    "where",
 ]
 
 
@@ -239,6 +243,7 @@ def worst_numerics(df: pd.DataFrame, n: int = 20) -> pd.DataFrame:
     r = r[r[metrics].notna().any(axis=1)].copy()
     r["located_module"] = _located(r, "located_module")
     r["located_op"] = _located(r, "located_op")
+    r["where"] = _where(r)
     r["_fail"] = r["status"] == "fail_accuracy"
     r = r.sort_values(
         ["_fail", "rmse_ratio", "max_rel_err", "cosine", "entry_id", "mode"],
@@ -272,7 +277,7 @@ def numerics_by_op(df: pd.DataFrame, examples: int = 3) -> pd.DataFrame:
                 "rows": len(g),
                 "max_rel_err": g["max_rel_err"].max(),
                 "cosine": g["cosine"].min(),
-                "modes": ", ".join(m for m in schema.MODES if m in set(g["mode"])),
+                "modes": ", ".join(_where_order(_where(g))),
                 "located_modules": _modules(g),
                 "examples": ", ".join(ids[:examples]) + (f", … (+{len(ids) - examples})" if len(ids) > examples else ""),
             }
@@ -319,10 +324,24 @@ def coverage_markdown(df: pd.DataFrame, worst: int = 20) -> str:
         f"- **configuration**: {configuration(df)}",
         "",
     ]
-    for col, title in (("mode", "mode"), ("task", "task family"), ("library", "library")):
-        t = coverage_by(df, col)
+    phase = performance.phase_of(df)
+    phases = [p for p in schema.PHASES if p in set(phase)] + sorted(set(phase) - set(schema.PHASES))
+    if phases != ["inference"]:  # the headline of each phase: a train row is not an inference row
+        for ph in phases:
+            hp = headline(df[phase == ph])
+            lines.insert(len(lines) - 1, f"- **{ph}**: crash-free {hp.crash_free}, where the control works "
+                                         f"{hp.crash_free_control}, numerics-match {hp.numerics_match}")
+    df_where = df.assign(where=performance.where(df))
+    tables = [("where", "mode", df_where, "phase/mode" if phases != ["inference"] else "mode")]
+    for col, title in (("task", "task family"), ("library", "library")):
+        tables += [(col, title + ("" if phases == ["inference"] else f" ({ph})"), df[phase == ph], title)
+                   for ph in phases]
+    for col, title, part, header in tables:
+        t = coverage_by(part, col)
+        if col == "where":
+            t = t.set_index("where").loc[performance.where_order(t["where"])].reset_index()
         lines += [f"## By {title}", "",
-                  f"| {title} | crash-free | crash-free (control works) | numerics-match | excluded |",
+                  f"| {header} | crash-free | crash-free (control works) | numerics-match | excluded |",
                   "|---|---:|---:|---:|---:|"]
         for _, r in t.iterrows():
             lines.append(
@@ -372,10 +391,11 @@ def coverage_markdown(df: pd.DataFrame, worst: int = 20) -> str:
                   "|---|---|---|---:|---:|---:|---:|" + ("---|---|" if located else "")]
         for _, r in wn.iterrows():
             lines.append(
-                f"| `{r['entry_id']}` | {r['mode']} | {r['status']} | {fmt_num(r['max_abs_err'])} "
+                f"| `{r['entry_id']}` | {r['where']} | {r['status']} | {fmt_num(r['max_abs_err'])} "
                 f"| {fmt_num(r['max_rel_err'])} | {fmt_num(r['cosine'], 6, fixed=True)} | {fmt_num(r['rmse_ratio'])} |"
                 + (f" {_md(r['located_op'])} | {_md(r['located_module'])} |" if located else "")
             )
+    lines += ["", performance.performance_markdown(df).rstrip("\n")]
     return "\n".join(lines) + "\n"
 
 

@@ -16,6 +16,7 @@ import pandas as pd
 
 from harness import schema
 from harness.ci import coverage as cov
+from harness.ci import performance as perf
 from harness.ci._io import atomic_write_text
 from harness.ci.compare import CLASSES, load_comparison
 from harness.ci.runs import Run
@@ -313,6 +314,42 @@ def _headline_html(df: pd.DataFrame) -> str:
     )
 
 
+def _phase_cards_html(df: pd.DataFrame) -> str:
+    """With a train phase: each phase's two figures (a train row is not an inference row); '' otherwise."""
+    phase = perf.phase_of(df)
+    phases = [p for p in schema.PHASES if p in set(phase)]
+    if phases == ["inference"] or not phases:
+        return ""
+    cards = []
+    for ph in phases:
+        h = cov.headline(df[phase == ph])
+        for kind, fig, what in (("crash", h.crash_free, "crash-free"), ("numerics", h.numerics_match,
+                                                                          "numerics-match")):
+            cards.append(
+                f'<div class="card {kind}" id="{what}-{ph}" data-num="{fig.num}" data-den="{fig.den}">'
+                f'<div>{_e(ph.capitalize())}: {what}</div><div class="big">{cov.fmt_pct(fig.pct)}</div>'
+                f'<div class="den">{fig.num} of {fig.den} {ph} rows</div></div>')
+    return f'<div class="cards" id="phase-cards">{"".join(cards)}</div>'
+
+
+def _performance_html(df: pd.DataFrame, n: int = perf.SLOWEST) -> str:
+    """TorchTPU's per-model figures: medians per phase/mode and the slowest rows (harness.ci.performance)."""
+    figures = [(c, h, "num") for c, h in perf.FIGURES]
+    med = _table(perf.medians(df), [("where", "phase/mode", "text"), ("rows", "rows", "num"),
+                                    *[(c, f"median {h}", k) for c, h, k in figures],
+                                    ("recompiles", "recompile after warmup", "num")],
+                 "perf-medians", "No row ran to the end.")
+    slow = _table(perf.slowest(df, n), [("entry_id", "entry", "code"), ("where", "phase/mode", "text"),
+                                        ("status", "status", "status"), *figures,
+                                        ("warmup_steps", "warmup steps", "num"), ("recompiles", "", "text")],
+                  "perf-slowest", "No timed rows.")
+    return ('<section id="performance"><h2>Performance</h2><p class="note">Per row, as TorchTPU\'s model harness '
+            "states them: first step, warmup overhead (warm up until the compile count is stable, at most 5), "
+            "post-warmup step, peak host RSS of the worker, wall time; rows that compile again after warmup are "
+            f"flagged. Medians over the rows that ran to the end.</p>{med}<h3>Slowest rows (top {n})</h3>{slow}"
+            "</section>")
+
+
 def _comparison_html(comp: pd.DataFrame | None) -> str:
     if comp is None:
         return ""
@@ -326,19 +363,21 @@ def _comparison_html(comp: pd.DataFrame | None) -> str:
 
 def _entries_html(df: pd.DataFrame, comp: pd.DataFrame | None) -> str:
     d = df.copy()
+    d["where"] = perf.where(d)  # 'eager', 'train/eager': the mode column and its filter name the phase too
     has_cls = comp is not None
     if has_cls:
-        m = comp.set_index(["entry_id", "mode"])["class"]
-        d["cls"] = [m.get((e, mo), "") for e, mo in zip(d["entry_id"], d["mode"], strict=True)]
+        c = comp.assign(where=perf.where(comp))
+        m = c.set_index(["entry_id", "where"])["class"]
+        d["cls"] = [m.get((e, w), "") for e, w in zip(d["entry_id"], d["where"], strict=True)]
     d["error"] = [
         f"{t}: {msg}" if t and msg else (t or msg) for t, msg in zip(d["error_type"], d["error_message"], strict=True)
     ]
-    d = d.sort_values(["entry_id", "mode"], kind="stable")
+    d = d.sort_values(["entry_id", "where"], kind="stable")
     cols: list[tuple[str, str, str]] = [
         ("entry_id", "entry", "code"),
         ("library", "library", "text"),
         ("task", "task", "text"),
-        ("mode", "mode", "text"),
+        ("where", "mode", "text"),
         ("status", "status", "status"),
     ]
     if has_cls:
@@ -351,7 +390,13 @@ def _entries_html(df: pd.DataFrame, comp: pd.DataFrame | None) -> str:
         ("cosine", "cosine", "cos"),
         ("rmse_ratio", "rmse ratio", "num"),
         ("compile_s", "compile s", "num"),
-        ("run_s", "run s", "num"),
+        ("first_run_s", "first step s", "num"),
+        ("warmup_s", "warmup overhead s", "num"),
+        ("run_s", "step s", "num"),
+        ("peak_rss_mb", "peak RSS MiB", "num"),
+        ("wall_s", "wall s", "num"),
+        ("recompiles", "recompiles", "msg"),
+        ("failed_at", "failed at", "text"),
         ("graph_breaks", "graph breaks", "num"),
         ("fallback_ops", "fallback ops", "msg"),
     ]
@@ -362,7 +407,7 @@ def _entries_html(df: pd.DataFrame, comp: pd.DataFrame | None) -> str:
                                            "status", "error", "failing_op", "fallback_ops")).lower()
         tds = [_td(r[c], k) for c, _, k in cols]
         body.append(
-            f'<tr data-status="{_e(r["status"])}" data-mode="{_e(r["mode"])}" '
+            f'<tr data-status="{_e(r["status"])}" data-mode="{_e(r["where"])}" '
             f'data-cls="{_e(r["cls"]) if has_cls else ""}" data-text="{_e(text)}">' + "".join(tds) + "</tr>"
         )
     present = [s for s in schema.STATUSES if s in set(d["status"])]
@@ -372,7 +417,7 @@ def _entries_html(df: pd.DataFrame, comp: pd.DataFrame | None) -> str:
         + "".join(f'<option value="{s}">{s}</option>' for s in present)
     )
     mode_opts = '<option value="">any mode</option>' + "".join(
-        f'<option value="{m}">{m}</option>' for m in schema.MODES if m in set(d["mode"])
+        f'<option value="{w}">{w}</option>' for w in perf.where_order(d["where"])
     )
     cls_sel = ""
     if has_cls:
@@ -437,9 +482,16 @@ def render_dashboard(runs: Sequence[Run], worst: int = 20) -> str:
     comp = load_comparison(run.path)
 
     charts = []
-    for col, title in (("mode", "mode"), ("task", "task family"), ("library", "library")):
-        t = cov.coverage_by(df, col)
-        charts.append(f"<h3>By {title}</h3>" + coverage_chart_svg(t, col, f"chart-{col}"))
+    t = cov.coverage_by(df.assign(mode=perf.where(df)), "mode")  # 'train/eager' beside 'eager'
+    charts.append("<h3>By mode</h3>" + coverage_chart_svg(
+        t.set_index("mode").loc[perf.where_order(t["mode"])].reset_index(), "mode", "chart-mode"))
+    phase = perf.phase_of(df)
+    for col, title in (("task", "task family"), ("library", "library")):
+        for ph in [p for p in schema.PHASES if p in set(phase)]:
+            suffix = "" if ph == "inference" else f"-{ph}"  # the inference charts keep their ids
+            label = "" if set(phase) == {"inference"} else f" ({ph})"
+            t = cov.coverage_by(df[phase == ph], col)
+            charts.append(f"<h3>By {title}{label}</h3>" + coverage_chart_svg(t, col, f"chart-{col}{suffix}"))
 
     points = []
     for r in ordered:
@@ -481,7 +533,7 @@ def render_dashboard(runs: Sequence[Run], worst: int = 20) -> str:
         wn,
         [
             ("entry_id", "entry", "code"),
-            ("mode", "mode", "text"),
+            ("where", "mode", "text"),
             ("task", "task", "text"),
             ("status", "status", "status"),
             ("dtype", "dtype", "text"),
@@ -500,7 +552,7 @@ def render_dashboard(runs: Sequence[Run], worst: int = 20) -> str:
 <body>
 <header><h1>hf-tpu coverage</h1><p>{_run_meta(run)}</p></header>
 <main>
-<section id="headline"><h2>Headline</h2>{_headline_html(df)}{_comparison_html(comp)}</section>
+<section id="headline"><h2>Headline</h2>{_headline_html(df)}{_phase_cards_html(df)}{_comparison_html(comp)}</section>
 <section id="coverage"><h2>Coverage</h2><div class="grid">{"".join(charts)}</div></section>
 <section id="trend"><h2>Trend over {len(ordered)} run{"s" if len(ordered) != 1 else ""}</h2>{trend}</section>
 <section id="crashes"><h2>Run failures by root cause ({len(ct)} cause{"s" if len(ct) != 1 else ""})</h2>
@@ -509,6 +561,7 @@ normalised; sorted by entries affected.</p>{crash}</section>
 <section id="numerics"><h2>Worst numerics</h2>
 <p class="note">Rows that ran, fail_accuracy first, then by rmse ratio (rmse(fp64, tpu) / rmse(fp64, cpu)),
 max relative error and cosine.</p>{numerics}</section>
+{_performance_html(df)}
 {_upstream_html(run.path)}
 <section id="entries"><h2>All entries</h2>{_entries_html(df, comp)}</section>
 </main>

@@ -1,13 +1,17 @@
-"""The expected results in `reports/expected/`: accepted status per entry per mode, plus a flaky list.
+"""The expected results in `reports/expected/`: accepted status per entry, phase and mode, plus a flaky list.
 
 Layout (see reports/expected/README.md), after PyTorch's benchmarks/dynamo/ci_expected_accuracy:
 
-    <mode>.csv   name,status           one row per zoo entry, sorted by name; mode is one of schema.MODES
-    flaky.csv    name,mode,reason      entries whose status may change run to run; empty mode = every mode
-    configuration.json                 {"precision": ..., "dtype": ...} the statuses hold for (absent: the
-                                       default sweep, highest/float32); compare refuses another configuration
+    <mode>.csv        name,status             the inference phase: one row per zoo entry, sorted by name; mode
+                                              is one of schema.MODES
+    train-<mode>.csv  name,status             the train phase (harness/sweep/train.py), the same way
+    flaky.csv         name,mode,reason[,phase]  entries whose status may change run to run; empty mode = every
+                                              mode, empty or absent phase = every phase
+    configuration.json                        {"precision": ..., "dtype": ...} the statuses hold for (absent:
+                                              the default sweep, highest/float32); compare refuses another one
 
-`accept` rewrites the <mode>.csv files and never touches flaky.csv (a human curates that list).
+`accept` rewrites the files of the (phase, mode) pairs a run has and never touches flaky.csv (a human curates
+that list).
 """
 
 from __future__ import annotations
@@ -72,24 +76,36 @@ def check_configuration(run: Run, expected_dir: str | Path) -> None:
 
 @dataclass
 class Expected:
-    """Accepted statuses keyed by (entry_id, mode), and the flaky (entry_id, mode) pairs."""
+    """Accepted statuses keyed by (entry_id, phase, mode), and the flaky (entry_id, phase, mode) triples."""
 
     path: Path
-    status: dict[tuple[str, str], str] = field(default_factory=dict)
-    # entry_id -> {mode: reason}; mode "" means every mode.
-    flaky: dict[str, dict[str, str]] = field(default_factory=dict)
+    status: dict[tuple[str, str, str], str] = field(default_factory=dict)
+    # entry_id -> {(phase, mode): reason}; "" means every phase / every mode.
+    flaky: dict[str, dict[tuple[str, str], str]] = field(default_factory=dict)
 
-    def is_flaky(self, entry_id: str, mode: str) -> bool:
-        modes = self.flaky.get(entry_id, {})
-        return "" in modes or mode in modes
+    def _flaky_key(self, entry_id: str, mode: str, phase: str) -> tuple[str, str] | None:
+        listed = self.flaky.get(entry_id, {})
+        for key in ((phase, mode), ("", mode), (phase, ""), ("", "")):
+            if key in listed:
+                return key
+        return None
 
-    def flaky_reason(self, entry_id: str, mode: str) -> str:
-        modes = self.flaky.get(entry_id, {})
-        return modes.get(mode, modes.get("", ""))
+    def is_flaky(self, entry_id: str, mode: str, phase: str = "inference") -> bool:
+        return self._flaky_key(entry_id, mode, phase) is not None
+
+    def flaky_reason(self, entry_id: str, mode: str, phase: str = "inference") -> str:
+        key = self._flaky_key(entry_id, mode, phase)
+        return "" if key is None else self.flaky[entry_id][key]
 
 
-def mode_file(expected_dir: Path, mode: str) -> Path:
-    return expected_dir / f"{mode}.csv"
+def mode_file(expected_dir: Path, mode: str, phase: str = "inference") -> Path:
+    """<mode>.csv for the inference phase (the files before there were phases), <phase>-<mode>.csv otherwise."""
+    return expected_dir / (f"{mode}.csv" if phase == "inference" else f"{phase}-{mode}.csv")
+
+
+def expected_files() -> list[tuple[str, str]]:
+    """Every (phase, mode) an expected-results directory may hold a file for."""
+    return [(ph, m) for ph in schema.PHASES for m in schema.MODES]
 
 
 def load_expected(expected_dir: str | Path = DEFAULT_DIR) -> Expected:
@@ -102,8 +118,8 @@ def load_expected(expected_dir: str | Path = DEFAULT_DIR) -> Expected:
         )
     exp = Expected(path=d)
     found = False
-    for mode in schema.MODES:
-        p = mode_file(d, mode)
+    for phase, mode in expected_files():
+        p = mode_file(d, mode, phase)
         if not p.exists():
             continue
         found = True
@@ -118,26 +134,28 @@ def load_expected(expected_dir: str | Path = DEFAULT_DIR) -> Expected:
         if len(dup):
             raise InputError(f"{p} lists {dup.iloc[0]!r} more than once; keep one row per entry")
         for name, status in zip(df["name"], df["status"], strict=True):
-            exp.status[(name, mode)] = status
+            exp.status[(name, phase, mode)] = status
     if not found:
         raise InputError(
-            f"{d} holds no expected results ({', '.join(f'{m}.csv' for m in schema.MODES)}); create them from "
+            f"{d} holds no expected results ({', '.join(f'{m}.csv' for m in schema.MODES)}, or train-<mode>.csv); "
+            f"create them from "
             f"a full sweep with `hf-tpu accept RUN --expected {d}`"
         )
     fp = d / FLAKY
     if fp.exists():
         df = _read_csv(fp, ["name"])
-        for c in ("mode", "reason"):
+        for c in ("mode", "reason", "phase"):
             if c not in df.columns:
                 df[c] = ""
-        bad = sorted(set(df["mode"]) - set(schema.MODES) - {""})
-        if bad:
-            raise InputError(
-                f"{fp} has unknown mode value(s) {', '.join(map(repr, bad))}; use one of "
-                f"{', '.join(schema.MODES)}, or leave mode empty for every mode"
-            )
-        for name, mode, reason in zip(df["name"], df["mode"], df["reason"], strict=True):
-            exp.flaky.setdefault(name, {})[mode] = reason
+        for col, known in (("mode", schema.MODES), ("phase", schema.PHASES)):
+            bad = sorted(set(df[col]) - set(known) - {""})
+            if bad:
+                raise InputError(
+                    f"{fp} has unknown {col} value(s) {', '.join(map(repr, bad))}; use one of "
+                    f"{', '.join(known)}, or leave {col} empty for every {col}"
+                )
+        for name, mode, reason, phase in zip(df["name"], df["mode"], df["reason"], df["phase"], strict=True):
+            exp.flaky.setdefault(name, {})[(phase, mode)] = reason
     return exp
 
 
@@ -161,15 +179,15 @@ def _read_csv(p: Path, required: list[str]) -> pd.DataFrame:
 
 @dataclass
 class AcceptResult:
-    written: dict[str, Path]  # mode -> file
-    rows: dict[str, int]  # mode -> rows written
-    changed: dict[str, int]  # mode -> rows whose accepted status changed (added, removed or different)
+    written: dict[str, Path]  # file stem (mode, or phase-mode) -> file
+    rows: dict[str, int]  # file stem -> rows written
+    changed: dict[str, int]  # file stem -> rows whose accepted status changed (added, removed or different)
 
 
 def accept(run: Run, expected_dir: str | Path = DEFAULT_DIR, update: bool = False) -> AcceptResult:
-    """Rewrite <mode>.csv for every mode present in the run.
+    """Rewrite the file of every (phase, mode) present in the run (mode_file).
 
-    update=False: the run is the new truth for those modes (entries absent from the run are dropped).
+    update=False: the run is the new truth for those (phase, mode) pairs (entries absent from it are dropped).
     update=True: only the run's rows are added or changed; other accepted entries are kept (for accepting a
     targeted re-run of a few entries).
     """
@@ -180,7 +198,7 @@ def accept(run: Run, expected_dir: str | Path = DEFAULT_DIR, update: bool = Fals
             f"accept a finished sweep instead"
         )
     config = run_configuration(run)
-    if any(mode_file(d, m).exists() for m in schema.MODES):
+    if any(mode_file(d, m, ph).exists() for ph, m in expected_files()):
         check_configuration(run, d)  # never mix configurations in one directory
     d.mkdir(parents=True, exist_ok=True)
     if config != DEFAULT_CONFIGURATION or (d / CONFIGURATION).exists():
@@ -188,11 +206,12 @@ def accept(run: Run, expected_dir: str | Path = DEFAULT_DIR, update: bool = Fals
 
         atomic_write_text(d / CONFIGURATION, json.dumps(config, indent=1) + "\n")
     res = AcceptResult(written={}, rows={}, changed={})
-    for mode in schema.MODES:
-        sub = run.df[run.df["mode"] == mode]
+    phases = run.df["phase"].where(run.df["phase"] != "", "inference") if "phase" in run.df.columns else None
+    for phase, mode in expected_files():
+        sub = run.df[(run.df["mode"] == mode) & ((phases == phase) if phases is not None else phase == "inference")]
         if sub.empty:
-            continue  # a mode the run did not sweep keeps its accepted file untouched
-        p = mode_file(d, mode)
+            continue  # a (phase, mode) the run did not sweep keeps its accepted file untouched
+        p = mode_file(d, mode, phase)
         old: dict[str, str] = {}
         if p.exists():
             old_df = _read_csv(p, EXPECTED_COLUMNS)
@@ -200,9 +219,9 @@ def accept(run: Run, expected_dir: str | Path = DEFAULT_DIR, update: bool = Fals
         new = dict(old) if update else {}
         new.update(zip(sub["entry_id"], sub["status"], strict=True))
         names = sorted(set(old) | set(new))
-        res.changed[mode] = sum(old.get(n) != new.get(n) for n in names)
+        res.changed[p.stem] = sum(old.get(n) != new.get(n) for n in names)
         out = pd.DataFrame(sorted(new.items()), columns=EXPECTED_COLUMNS)
         atomic_write_text(p, out.to_csv(index=False, lineterminator="\n"))
-        res.written[mode] = p
-        res.rows[mode] = len(out)
+        res.written[p.stem] = p
+        res.rows[p.stem] = len(out)
     return res

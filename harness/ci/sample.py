@@ -15,6 +15,7 @@ _DEFAULTS: dict[str, object] = {
     "model_type": "",
     "model_class": "",
     "task": "causal-lm",
+    "phase": "inference",
     "mode": "eager",
     "precision": "highest",
     "dtype": "float32",

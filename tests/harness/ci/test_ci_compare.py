@@ -291,3 +291,35 @@ def test_a_medium_run_is_held_to_its_own_expected_directory(tmp_path: Path, expe
     assert '"precision": "medium"' in (exp_medium / "configuration.json").read_text()
     assert main(["compare", str(medium), "--expected", str(exp_medium)]) == 0
     assert not (expected / "configuration.json").exists()  # the default configuration needs no file
+
+
+def test_the_train_phase_has_its_own_expected_files_compared_only_in_runs_that_trained(tmp_path: Path) -> None:
+    rows = [row("m/a", mode=m) for m in ("eager", "compiled")]
+    trained = rows + [row("m/a", phase="train", mode="eager"),
+                      row("m/a", phase="train", mode="compiled", status="fail_accuracy")]
+    exp = tmp_path / "expected"
+    assert main(["accept", str(write_run(tmp_path / "base", trained)), "--expected", str(exp)]) == 0
+    assert list(csv.reader((exp / "train-compiled.csv").open())) == [["name", "status"], ["m/a", "fail_accuracy"]]
+    assert list(csv.reader((exp / "eager.csv").open())) == [["name", "status"], ["m/a", "pass"]]
+
+    def classes(run: Path) -> dict[tuple[str, str, str], str]:
+        df = pd.read_csv(run / "comparison.csv", dtype=str, keep_default_na=False)
+        return {(r["entry_id"], r["phase"], r["mode"]): r["class"] for _, r in df.iterrows()}
+
+    # the nightly (inference only) owes no train rows
+    nightly = write_run(tmp_path / "nightly", rows)
+    assert main(["compare", str(nightly), "--expected", str(exp)]) == 0
+    assert set(classes(nightly)) == {("m/a", "inference", "eager"), ("m/a", "inference", "compiled")}
+    # a train row that regresses is a FAIL of the train phase only; one it lost is MISSING
+    now = rows + [row("m/a", phase="train", mode="eager", status="fail_to_run", error_type="RuntimeError",
+                      error_message="step 1 backward: boom", failed_at="step 1 backward")]
+    run = write_run(tmp_path / "now", now)
+    assert main(["compare", str(run), "--expected", str(exp)]) == 1
+    cls = classes(run)
+    assert cls[("m/a", "train", "eager")] == "FAIL" and cls[("m/a", "inference", "eager")] == "PASS"
+    assert cls[("m/a", "train", "compiled")] == "MISSING"
+    assert "| FAIL | `m/a` | train/eager | pass | fail_to_run |" in (run / "comparison.md").read_text()
+    # flaky.csv may name a phase: the train row is flaky, the inference row of that mode is not
+    (exp / "flaky.csv").write_text("name,mode,reason,phase\nm/a,eager,optimizer nondeterminism,train\n")
+    main(["compare", str(run), "--expected", str(exp)])
+    assert classes(run)[("m/a", "train", "eager")] == "FLAKY"

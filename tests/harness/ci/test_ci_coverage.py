@@ -147,3 +147,30 @@ def test_frames_without_a_cause_column_still_work(demo: pd.DataFrame) -> None:
     h = cov.headline(demo.drop(columns=["cause", "control_error"]))
     assert h.crash_free == h.crash_free_control and h.upstream == 0
     assert set(cov.crash_table(demo.drop(columns="cause"))["cause"]) == {""}
+
+
+def test_train_rows_have_their_own_figures_and_every_row_its_performance(tmp_path) -> None:
+    """coverage.md with both phases: a headline per phase, coverage by phase/mode and by task per phase, and the
+    performance section (medians per phase/mode, the slowest rows, rows that recompile after warmup)."""
+    perf = {"first_run_s": 2.0, "warmup_s": 1.0, "run_s": 0.5, "peak_rss_mb": 900.0, "warmup_steps": 1}
+    rows = [row("m/a", mode="eager", wall_s=3.0, **perf), row("m/b", mode="eager", wall_s=5.0, **perf),
+            row("m/a", phase="train", mode="eager", wall_s=40.0, **perf),
+            row("m/b", phase="train", mode="eager", status="fail_to_run", error_type="RuntimeError",
+                error_message="step 1 optimizer: boom", failed_at="step 1 optimizer", wall_s=1.0),
+            row("m/a", phase="train", mode="compiled", status="fail_accuracy", wall_s=60.0,
+                recompiles="recompiles", **{**perf, "run_s": 1.5})]
+    df = read_results_csv(write_run(tmp_path / "run", rows) / "results.csv")
+    md = cov.coverage_markdown(df)
+    assert "- **inference**: crash-free 100.0% (2/2)" in md
+    assert "- **train**: crash-free 66.7% (2/3)" in md and "numerics-match 50.0% (1/2)" in md
+    assert "| train/eager | 50.0% (1/2) |" in md and "| train/compiled | 100.0% (1/1) |" in md
+    assert "## By task family (train)" in md and "## By task family (inference)" in md
+    perf_md = md.split("## Performance")[1]
+    # medians over the rows that ran to the end; the failed train row's wall time is not a step's
+    assert "| train/eager | 1 | 2 | 1 | 0.5 | 900 | 40 | 0 |" in perf_md
+    assert "| train/compiled | 1 | 2 | 1 | 1.5 | 900 | 60 | 1 |" in perf_md
+    slowest = perf_md.split("### Slowest rows")[1].splitlines()
+    assert slowest[4].startswith("| `m/a` | train/compiled | fail_accuracy |") and "recompiles" in slowest[4]
+    # an inference-only frame keeps the one headline and the mode table
+    inf = cov.coverage_markdown(df[df["phase"] == "inference"])
+    assert "- **inference**" not in inf and "## By mode\n\n| mode |" in inf and "(train)" not in inf

@@ -67,6 +67,32 @@ def test_page_numbers_without_a_browser(page: Path) -> None:
     assert "Trend over 2 runs" in html
 
 
+def test_train_rows_beside_inference_with_performance(tmp_path: Path) -> None:
+    """A run with both phases: each phase's figures, train/<mode> bars beside the modes, per-phase task charts,
+    the performance section, and train rows in the table (filterable as train/eager) with their class."""
+    perf = {"first_run_s": 2.5, "warmup_s": 1.25, "run_s": 0.5, "peak_rss_mb": 912.0, "wall_s": 7.5}
+    rows = [row("m/a", mode="eager", **perf), row("m/a", phase="train", mode="eager", **perf),
+            row("m/b", mode="eager", **perf),
+            row("m/b", phase="train", mode="eager", status="fail_to_run", error_type="RuntimeError",
+                error_message="step 1 optimizer: boom", failed_at="step 1 optimizer", wall_s=99.0)]
+    run = write_run(tmp_path / "run", rows)
+    assert main(["accept", str(run), "--expected", str(tmp_path / "expected")]) == 0
+    assert main(["compare", str(run), "--expected", str(tmp_path / "expected")]) == 0
+    assert main(["report", str(run), "--out", str(tmp_path / "d.html")]) == 0
+    html = (tmp_path / "d.html").read_text()
+    card = html.split('id="crash-free-train"')[1].split("</div></div>")[0]
+    assert 'data-num="1" data-den="2"' in card and "50.0%" in card
+    assert 'id="numerics-match-inference" data-num="2" data-den="2"' in html
+    assert 'data-group="train/eager"' in html.split('id="chart-mode"')[1].split("</svg>")[0]
+    assert 'id="chart-task-train"' in html and 'id="chart-task"' in html
+    medians = html.split('id="perf-medians"')[1].split("</table>")[0]
+    assert "<td>train/eager</td>" in medians and "912" in medians
+    slowest = html.split('id="perf-slowest"')[1].split("</table>")[0]
+    assert slowest.index("m/b") < slowest.index("m/a")  # 99 s of wall time first
+    assert 'data-mode="train/eager"' in html and '<option value="train/eager">' in html
+    assert html.count('data-cls="PASS"') == 4
+
+
 def test_report_default_output_and_errors(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     run = write_run(tmp_path / "r", [row("m/a"), row("m/b", status="crash", error_type="X")])
     assert main(["report", str(run)]) == 0

@@ -103,8 +103,9 @@ def test_shards_merged_equal_a_single_run(tmp_path):
     for key in one:  # measurements (times, peak memory, compile counts) are not results: they may differ
         assert {k: v for k, v in merged[key].items() if k not in VOLATILE} == \
                {k: v for k, v in one[key].items() if k not in VOLATILE}, key
-    assert (tmp_path / "merged" / "coverage.md").read_text().split("\n", 1)[1] == \
-        (tmp_path / "single" / "coverage.md").read_text().split("\n", 1)[1]
+    results = [(tmp_path / d / "coverage.md").read_text().split("\n", 1)[1] for d in ("merged", "single")]
+    assert all("## Performance" in md for md in results)  # measured, so not compared
+    assert results[0].split("## Performance")[0] == results[1].split("## Performance")[0]
 
 
 def test_resume_retry_runs_the_entries_of_those_statuses_again(tmp_path, monkeypatch):
