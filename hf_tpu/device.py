@@ -205,7 +205,7 @@ def register() -> bool:
         return False  # torch_tpu (or another backend) took PrivateUse1 first
     from torch.utils.backend_registration import _setup_privateuseone_for_python_backend
 
-    from hf_tpu import module_moves, native, precision, serialization, tpu_api
+    from hf_tpu import autocast, module_moves, native, precision, serialization, tpu_api
 
     for fn in (_fallback, _direct, _direct_inplace_view):
         _never_traced_by_dynamo(fn)
@@ -227,6 +227,7 @@ def register() -> bool:
     precision.install()
     module_moves.install()
     serialization.install()
+    autocast.install()
     _registered = True
     return True
 

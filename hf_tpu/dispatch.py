@@ -19,8 +19,8 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
-from hf_tpu import (backward_lowerings, decomposed, dtypes, fused, lowering, op_jit, plans, precision,
-                    serialization)
+from hf_tpu import (backward_lowerings, decomposed, dtypes, fused, lowering, op_jit, optim_lowerings, plans,
+                    precision, serialization)
 from hf_tpu import tensor as T
 from hf_tpu.errors import TpuOpError  # noqa: F401 - re-exported: callers catch dispatch.TpuOpError
 
@@ -546,6 +546,7 @@ SPECIAL: dict[Any, Callable[..., Any]] = {
     aten.set_.source_Storage_storage_offset: serialization.set_source_storage,
     aten.is_pinned.default: lambda *a, **k: False,
     aten.record_stream.default: lambda *a, **k: None,
+    **optim_lowerings.eager_kernels(),  # fused optimizer steps: one program per step, traced hyperparameters
 }
 
 
@@ -609,6 +610,8 @@ def _run_mutating(op: Any, args: tuple, kwargs: dict) -> Any:
     if kind == "inplace":
         target = args[0]
         res = run_functional(func, args, kwargs)
+        if _writes_several(op):
+            return _write_back(op, args, kwargs, res)
         if fused.ACTIVE and isinstance(res, torch.Tensor) and T.adopt_pending(target, res):
             return target
         T.assign(target, T.value(res) if isinstance(res, torch.Tensor) and not res.is_cpu else res)
@@ -630,6 +633,31 @@ def _run_mutating(op: Any, args: tuple, kwargs: dict) -> Any:
         else:
             T.assign(o, v)
     return outs[0] if len(outs) == 1 else tuple(outs)
+
+
+@functools.cache
+def _written_arguments(op: Any) -> tuple[str, ...]:
+    return tuple(a.name for a in op._schema.arguments if a.alias_info is not None and a.alias_info.is_write)
+
+
+def _writes_several(op: Any) -> bool:
+    """In-place ops that write more than their first argument, or a list of tensors (GradScaler's
+    `_amp_foreach_non_finite_check_and_unscale_`, `_amp_update_scale_`): their functional form returns every
+    written argument, in order."""
+    first = op._schema.arguments[0]
+    return len(_written_arguments(op)) > 1 or isinstance(first.type, torch.ListType)
+
+
+def _write_back(op: Any, args: tuple, kwargs: dict, res: Any) -> Any:
+    names = [a.name for a in op._schema.arguments]
+    results = res if isinstance(res, (list, tuple)) else (res,)
+    for name, new in zip(_written_arguments(op), results, strict=False):
+        i = names.index(name)
+        target = args[i] if i < len(args) else kwargs[name]
+        for t, v in zip(target, new, strict=True) if isinstance(target, (list, tuple)) else ((target, new),):
+            T.assign(t, T.value(v) if isinstance(v, torch.Tensor) else v)
+    first = args[0]
+    return None if isinstance(first, (list, tuple)) else first
 
 
 def fallback(op: Any, *args: Any, **kwargs: Any) -> Any:

@@ -32,6 +32,7 @@ import torch
 from hf_tpu import dtypes, precision
 from hf_tpu.errors import NoLowering, op_name  # noqa: F401 - re-exported: callers name lowering.NoLowering
 from hf_tpu.lowering_ops import OP_LOWERINGS
+from hf_tpu.optim_lowerings import OPTIM_LOWERINGS
 from hf_tpu.rng import ENV
 from hf_tpu.torchax_compat import load_op_table
 
@@ -218,6 +219,7 @@ HAND_LOWERINGS: dict[Any, Callable[..., Any]] = {
     aten._to_copy.default: _to_copy,
     aten.zero.default: _zero,
     **OP_LOWERINGS,
+    **OPTIM_LOWERINGS,
 }
 
 
@@ -236,6 +238,8 @@ def find(op: Any) -> Callable[..., Any] | None:
         fn = _adapt_kwargs(fn, op)
         if fn is None:
             return None
+        if op in _CAST_INPUT_FIRST:
+            fn = _cast_input_first(fn, op)
         if entry.needs_env:
             fn = functools.partial(fn, env=ENV)
     name = op.__name__.split(".")[0] if hasattr(op, "__name__") else ""
@@ -246,6 +250,34 @@ def find(op: Any) -> Callable[..., Any] | None:
             return inner(*precision.round_args(name, args, precision.current()), **kwargs)
 
     return fn
+
+
+# Reductions whose torchax lowering takes `dtype` (softmax: `half_to_float`) but reduces in the input's dtype
+# and casts after (softmax ignores it): sum(x_fp16, dtype=float32) accumulated in float16. PyTorch casts the
+# input first, and autocast relies on it (softmax, log_softmax, sum, norm run with dtype=float32 there).
+_CAST_INPUT_FIRST = {aten.sum.default, aten.sum.dim_IntList, aten.softmax.int, aten.log_softmax.int,
+                     aten._softmax.default, aten._log_softmax.default, aten.linalg_vector_norm.default,
+                     aten.cumsum.default, aten.cumprod.default, aten.prod.default, aten.prod.dim_int}
+
+
+def _cast_input_first(fn: Callable[..., Any], op: Any) -> Callable[..., Any]:
+    names = [a.name for a in op._schema.arguments]
+    flag = "dtype" if "dtype" in names else "half_to_float"
+    where = names.index(flag)
+
+    @functools.wraps(fn)
+    def lowered(*args: Any, **kwargs: Any) -> Any:
+        if where < len(args):
+            want, args = args[where], (*args[:where], None if flag == "dtype" else False, *args[where + 1:])
+        else:
+            want = kwargs.pop(flag, None)
+        if flag == "half_to_float":
+            want = torch.float32 if want else None
+        if want is not None:
+            args = (args[0].astype(dtypes.to_jax(want)), *args[1:])
+        return fn(*args, **kwargs)
+
+    return lowered
 
 
 def _accepts_schema(fn: Callable[..., Any], op: Any) -> bool:
