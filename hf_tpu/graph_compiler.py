@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
-from hf_tpu import backward_lowerings, counters, dtypes, fused, lowering, precision
+from hf_tpu import backward_lowerings, counters, dtypes, fused, lowering, precision, rng
 from hf_tpu import tensor as T
 from hf_tpu.torchax_compat import load_op_table
 
@@ -177,10 +177,22 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callab
     # inputs at all (Qwen2-VL's vision position ids: torch.arange(h, device="tpu") from .tolist() values)
     out_on_tpu = [v.device.type != "cpu" if isinstance(v, torch.Tensor) else None for v in out_leaves]
     jitted: dict[str, Any] = {}
+    # A graph that draws random numbers (dropout in training) takes its JAX key as an argument, drawn from
+    # the tpu generator on every call: a key drawn while tracing would be a constant of the program, and every
+    # call would repeat the same dropout mask.
+    random = any(n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload)
+                 and lowering.is_random(n.target) for n in gm.graph.nodes)
 
     def traced(*args: Any) -> Any:
         counters.bump("compilations")  # runs once per XLA program JAX builds for this graph
-        return fn(*args)
+        if not random:
+            return fn(*args)
+        before = rng.get_state()
+        rng.set_state(args[-1])  # the graph's draws split the key passed in
+        try:
+            return fn(*args[:-1])
+        finally:
+            rng.set_state(before)
 
     def get(prec: str) -> Any:
         if prec not in jitted:
@@ -201,6 +213,8 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callab
             else:
                 jargs.append(a)
         args.clear()  # boxed calling convention: let inputs be freed early
+        if random:
+            jargs.append(rng.ENV.get_and_rotate_prng_key())
         before = counters.count("compilations")
         start = time.perf_counter()
         out = get(precision.current())(*jargs)
@@ -271,5 +285,18 @@ def decompositions() -> dict[Any, Any]:
         elif isinstance(op, torch._ops.OpOverloadPacket):
             for ov in op.overloads():
                 table.setdefault(getattr(op, ov), fn)
+    table.update(_DEVICE_KEEPING)
     # keep ops we lower directly whole (fewer, larger XLA ops); decompose only what we cannot lower
     return {op: fn for op, fn in table.items() if lowering.find(op) is None}
+
+
+def _rand_like(self: torch.Tensor, *, dtype: torch.dtype | None = None, device: Any = None,
+               generator: Any = None, **_: Any) -> torch.Tensor:
+    return torch.rand(self.shape, dtype=dtype or self.dtype, device=device or self.device, generator=generator)
+
+
+# torchax's rand_like decomposition makes its tensor on the default device (`torch.rand(self.shape)`): in a
+# graph of tpu tensors that was a CPU tensor, so every compiled forward with dropout in training (native_dropout
+# decomposes to rand_like) failed with FakeTensorDeviceMismatchError (cpu and tpu:0). PyTorch's rand_like
+# makes it where `self` is.
+_DEVICE_KEEPING = {torch.ops.aten.rand_like.default: _rand_like, torch.ops.aten.rand_like.generator: _rand_like}
