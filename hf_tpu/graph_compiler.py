@@ -188,7 +188,7 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callab
         if not random:
             return fn(*args)
         before = rng.get_state()
-        rng.set_state(args[-1])  # the graph's draws split the key passed in
+        rng.set_state((args[-1], before[1]))  # the graph's draws split the key passed in
         try:
             return fn(*args[:-1])
         finally:
