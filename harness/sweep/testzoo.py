@@ -21,6 +21,8 @@ runs and the status is the backend's:
                 `cause=backend` case (only the backend refuses it)
     recompile   a `pass` whose forward reads a call counter (a Python int attribute): compiled mode traces a new
                 graph on every call, so the row is flagged `recompiles` in steady state
+    pipeline    a `pass` whose model is not a torch.nn.Module but a callable holding one, called under no_grad
+                (as a diffusers pipeline): its train rows are `skipped`, not trainable
     nullgrad    a `pass` with attention over its hidden units whose key bias has a zero gradient in exact
                 arithmetic (softmax ignores a shift shared by all keys): its float32 gradient is rounding noise
 
@@ -39,13 +41,13 @@ from typing import Any
 from harness.zoo.entry import ZooEntry
 
 KINDS = ("pass", "raise", "compile", "abort", "sleep", "oom", "perturb", "baseline", "missing", "slow", "opaque",
-         "stateful", "recompile", "nullgrad")
+         "stateful", "recompile", "nullgrad", "pipeline")
 DEFAULT_SET = ("pass", "raise", "compile", "abort", "sleep", "oom", "perturb", "baseline", "missing")
 EXPECTED_STATUS = {
     "pass": "pass", "raise": "fail_to_run", "compile": "compile_fail", "abort": "crash", "sleep": "timeout",
     "oom": "oom", "perturb": "fail_accuracy", "baseline": "baseline_fail", "missing": "not_available",
     "slow": "pass", "opaque": "compile_fail", "stateful": "pass",
-    "recompile": "pass", "nullgrad": "pass",
+    "recompile": "pass", "nullgrad": "pass", "pipeline": "pass",
 }
 _SPEC_RE = re.compile(r"^([a-z]+)(?:\*(\d+))?$")
 
@@ -77,12 +79,31 @@ class TestEntry(ZooEntry):
 
         torch.manual_seed(seed)
         model = _make_model(self.kind).eval()
+        if self.kind == "pipeline":
+            model = _Pipeline(model)
         inputs = {"x": torch.randn(4, 16, generator=torch.Generator().manual_seed(seed))}
         return TestBuilt(model=model, inputs=inputs, call=_call)
 
 
 def _call(model, inputs):
     return model(**inputs)
+
+
+class _Pipeline:
+    """A callable holding a module, as a diffusers pipeline: `.to(device)` moves it, calls run under no_grad."""
+
+    def __init__(self, module):
+        self.module = module
+
+    def to(self, *args, **kwargs):
+        self.module.to(*args, **kwargs)
+        return self
+
+    def __call__(self, **inputs):
+        import torch
+
+        with torch.no_grad():
+            return self.module(**inputs)
 
 
 def _make_model(kind: str):
@@ -176,7 +197,7 @@ def parse_spec(spec: str) -> list[TestEntry]:
             eid = f"test/{kind}" if count is None else f"test/{kind}_{i:03d}"
             entries.append(TestEntry(
                 id=eid, library="test", model_type=kind, model_class="Tiny",
-                task="test-" + ("regression" if kind in ("pass", "slow", "perturb", "recompile", "nullgrad")
+                task="test-" + ("regression" if kind in ("pass", "slow", "perturb", "recompile", "nullgrad", "pipeline")
                                 else "failure"),
                 available=kind != "missing", reason="not cached offline (test entry)" if kind == "missing" else "",
                 kind=kind,

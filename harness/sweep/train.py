@@ -30,6 +30,22 @@ LR = 1e-4  # small: Adam's update is ~lr per element whatever the gradient, so w
 # A float64 gradient this many times smaller than the float32 one is zero in exact arithmetic: float64's
 # rounding noise is ~1e-9 of float32's, a real gradient agrees to ~1e-7.
 NULL_GRADIENT = 1e-3
+# Gradients and AdamW steps amplify float32 rounding (sums with cancellation: Bart's layer-norm weight gradient
+# is 1.6e-3 of its scale off float64 on CPU itself), so the float64 reference of the train phase is valid up to
+# this many times the forward's bound (tolerances.yaml `reference`); a reference that took another path or drew
+# other numbers is off by O(1), and with it valid the rule compares tpu's error with CPU's own.
+REFERENCE_FACTOR = 10.0
+
+
+def not_trainable(model: Any) -> str:
+    """Why an entry's model cannot be trained ('' when it can): a pipeline is not a module, and its __call__
+    runs under no_grad; its models are entries of their own."""
+    import torch
+
+    if isinstance(model, torch.nn.Module):
+        return ""
+    return (f"not trainable: {type(model).__name__} is not a torch.nn.Module (a pipeline calls its models under "
+            "no_grad); its models are trained as entries of their own")
 STAGES = ("forward", "backward", "optimizer")
 _FUSED: dict[str, str] = {}  # device -> "" (fused AdamW works) or why not
 

@@ -40,6 +40,12 @@ def test_a_gradient_zero_in_exact_arithmetic_is_not_compared_and_the_row_says_so
     assert row["status"] == "fail_accuracy" and "key.bias" in row["error_message"], row
 
 
+def test_a_pipeline_is_not_trainable_and_its_train_rows_are_skipped(tmp_path):
+    rows = _train_rows("pipeline", tmp_path, modes=("eager", "compiled"))
+    assert {m: r["status"] for m, r in rows.items()} == {"eager": "skipped", "compiled": "skipped"}
+    assert rows["eager"]["error_message"].startswith("not trainable: _Pipeline is not a torch.nn.Module")
+
+
 def test_wrong_backward_lowering_is_fail_accuracy_naming_the_parameter(tmp_path, monkeypatch):
     """mm's lowering scaled by 1.05: the Linear layers' forward is addmm, their backward mm, so only the backward
     is wrong (the canary's mechanism, harness/sweep/canary.py, on one backward op)."""
