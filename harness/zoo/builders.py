@@ -1,11 +1,13 @@
 """Dispatch `ZooEntry.build` to the builder of the entry's library, then apply the zoo-wide rules every
-built model gets (harness.zoo.zero_init: zero-initialised weights made small and random)."""
+built model gets (harness.zoo.zero_init: zero-initialised weights made small and random;
+harness.zoo.norm_calibration: batch norms that leave the outputs dead re-seeded and calibrated)."""
 
 from __future__ import annotations
 
 import torch
 
 from harness.zoo.entry import BuiltEntry, ZooBuildError, ZooEntry
+from harness.zoo.norm_calibration import keep_alive
 from harness.zoo.zero_init import reinit_zero_weights
 
 
@@ -26,7 +28,9 @@ def build_entry(entry: ZooEntry, seed: int = 0) -> BuiltEntry:
         built = hub.build(entry, seed)
     else:
         raise ValueError(f"unknown library {entry.library!r} for {entry.id}")
-    return informative_weights(built, seed)
+    built = informative_weights(built, seed)
+    keep_alive(built, seed)
+    return built
 
 
 def informative_weights(built: BuiltEntry, seed: int = 0) -> BuiltEntry:

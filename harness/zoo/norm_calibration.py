@@ -1,0 +1,157 @@
+"""One generic rule that keeps a shrunk CNN's activations alive: batch norms that let the signal die are
+re-seeded and calibrated on the entry's own inputs.
+
+A random-init model in eval mode normalises with the default running statistics (mean 0, variance 1), not
+with the statistics of what actually reaches each layer; some families also draw the batch-norm scale from
+N(0, initializer_range^2) (EfficientNet: every batch norm multiplies by ~0.02). Through tens of conv blocks
+the activations shrink by orders of magnitude per block, and the model's outputs end up all zeros, constant,
+or subnormal (~1e-38, which XLA flushes to zero): any backend "matches" them, or none does. A trained model
+never looks like this: its running statistics describe its activations and its scales are near 1.
+
+Detection backbones (RT-DETR's, D-FINE's HGNetV2) use frozen batch norms (buffers only, no training mode):
+their features vanish while the heads' biases keep the outputs non-zero, so the detection scores come out
+exactly tied and the selected queries depend on how a backend breaks ties.
+
+The rule, applied only when it is needed (a model with batch norms whose outputs on its inputs are dead,
+see `dead`, or where what reaches some batch norm has vanished): every batch norm, frozen ones included,
+gets scale 1 and shift 0 (PyTorch's defaults) and running statistics equal to the per-channel mean and
+variance of what reaches it in one pass over the entry's inputs, layer after layer (each layer sees its
+calibrated predecessors), as a trained model's statistics describe its activations. Nothing is random, so
+the model stays the same for a given seed; models whose signal is alive are left as they are.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+from torch.nn.modules.batchnorm import _BatchNorm
+
+VANISHING = 1e-10  # ten orders of magnitude below a trained model's activations: what is left is decay, not signal
+_STATS = ("weight", "bias", "running_mean", "running_var")
+
+
+def batch_norms(module: torch.nn.Module) -> list[torch.nn.Module]:
+    """Batch norms of `module`: torch's (with running statistics) and frozen ones (any module holding
+    per-channel weight, bias, running_mean and running_var tensors, as transformers' *FrozenBatchNorm2d)."""
+    out = []
+    for m in module.modules():
+        if isinstance(m, _BatchNorm):
+            if m.track_running_stats and m.running_mean is not None:
+                out.append(m)
+            continue
+        tensors = [getattr(m, name, None) for name in _STATS]
+        if all(isinstance(t, torch.Tensor) and t.dim() == 1 for t in tensors) and len({t.numel() for t in tensors}) == 1:
+            out.append(m)
+    return out
+
+
+def dead(outputs: dict[str, torch.Tensor]) -> str:
+    """'' when some floating output carries signal, else why none does (all zeros, constant, vanishing)."""
+    from harness.sweep.informative import tensor_problem
+
+    why = []
+    floating = {k: t for k, t in outputs.items() if t.is_floating_point() and t.numel() > 0}
+    if not floating:
+        return ""
+    for name, t in floating.items():
+        problem = tensor_problem(t)
+        if not problem and float(t.detach().abs().max()) < VANISHING:
+            problem = "vanishing"
+        if not problem:
+            return ""
+        why.append(f"{name}: {problem}")
+    return "; ".join(why)
+
+
+def _first_tensor(args: tuple) -> torch.Tensor | None:
+    return args[0] if args and isinstance(args[0], torch.Tensor) and args[0].is_floating_point() else None
+
+
+@contextlib.contextmanager
+def _pre_hooks(norms: list[torch.nn.Module], fn: Callable[[torch.nn.Module, torch.Tensor], None]) -> Iterator[None]:
+    def hook(module: torch.nn.Module, args: tuple) -> None:
+        x = _first_tensor(args)
+        if x is not None and x.dim() >= 2 and x.shape[1] == module.running_mean.numel():
+            fn(module, x)
+
+    handles = [m.register_forward_pre_hook(hook) for m in norms]
+    try:
+        yield
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def vanished_inputs(model: torch.nn.Module, run: Callable[[], Any]) -> tuple[Any, list[str]]:
+    """`run()`'s result and the batch norms (by name) whose input has vanished (max |x| < VANISHING)."""
+    names = {id(m): n for n, m in model.named_modules()}
+    vanished: list[str] = []
+
+    def check(module: torch.nn.Module, x: torch.Tensor) -> None:
+        if x.numel() and float(x.detach().abs().max()) < VANISHING:
+            vanished.append(names.get(id(module), type(module).__name__))
+
+    with _pre_hooks(batch_norms(model), check):
+        result = run()
+    return result, vanished
+
+
+def calibrate_batch_norms(model: torch.nn.Module, run: Callable[[], Any]) -> int:
+    """Re-seed every batch norm of `model` (scale 1, shift 0) and set its running statistics to the per-channel
+    mean and variance of its input during one `run()`. On failure the model is restored. Returns the count."""
+    norms = batch_norms(model)
+    saved = [{k: getattr(m, k).detach().clone() for k in _STATS if isinstance(getattr(m, k, None), torch.Tensor)}
+             for m in norms]
+
+    def calibrate(module: torch.nn.Module, x: torch.Tensor) -> None:
+        dims = [d for d in range(x.dim()) if d != 1]
+        xd = x.detach().double()
+        with torch.no_grad():
+            module.running_mean.copy_(xd.mean(dims))
+            module.running_var.copy_(xd.var(dims, unbiased=False))
+            if isinstance(module.weight, torch.Tensor):  # affine=False has none
+                module.weight.fill_(1.0)
+                module.bias.zero_()
+
+    try:
+        with torch.no_grad(), _pre_hooks(norms, calibrate):
+            run()
+    except BaseException:
+        with torch.no_grad():
+            for m, state in zip(norms, saved):  # the model as it was: a half-calibrated one is neither
+                for k, v in state.items():
+                    getattr(m, k).copy_(v)
+        raise
+    return len(norms)
+
+
+def keep_alive(built: Any, seed: int = 0) -> str:
+    """The rule on a built entry: '' when nothing was done, else what was dead (recorded in built.notes)."""
+    from harness.zoo.outputs import output_tensors
+
+    model = built.model
+    if not isinstance(model, torch.nn.Module) or not batch_norms(model):
+        return ""
+
+    def run() -> dict[str, torch.Tensor]:
+        torch.manual_seed(seed)
+        with torch.no_grad():
+            return output_tensors(built.call(model, built.inputs))
+
+    try:
+        out, vanished = vanished_inputs(model, run)
+        why = dead(out) or (f"input of {vanished[0]}" + (f" and {len(vanished) - 1} more" if len(vanished) > 1 else "")
+                            + ": vanishing" if vanished else "")
+    except Exception:  # noqa: BLE001  (the sweep reports a model that cannot run; the rule has no say)
+        return ""
+    if not why:
+        return ""
+    try:
+        n = calibrate_batch_norms(model, run)
+    except Exception:  # noqa: BLE001
+        return ""
+    built.notes["calibrated_batch_norms"] = {"count": n, "was": why}
+    return why

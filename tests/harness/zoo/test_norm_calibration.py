@@ -1,0 +1,97 @@
+"""Shrunk CNNs whose batch norms killed the signal (issue 32): their outputs carry information again."""
+
+import pytest
+import torch
+
+from harness.sweep import informative
+from harness.zoo import output_tensors
+from harness.zoo.entry import BuiltEntry
+from harness.zoo.norm_calibration import VANISHING, calibrate_batch_norms, dead, keep_alive
+
+
+def _stack(depth: int = 12, gamma_std: float = 0.02) -> torch.nn.Module:
+    """Conv-BN-ReLU blocks initialised as EfficientNet's _init_weights does (scale ~ N(0, 0.02^2))."""
+    torch.manual_seed(0)
+    layers = []
+    for _ in range(depth):
+        conv, bn = torch.nn.Conv2d(8, 8, 3, padding=1), torch.nn.BatchNorm2d(8)
+        torch.nn.init.normal_(conv.weight, std=0.02)
+        torch.nn.init.zeros_(conv.bias)
+        torch.nn.init.normal_(bn.weight, std=gamma_std)
+        layers += [conv, bn, torch.nn.ReLU()]
+    return torch.nn.Sequential(*layers).eval()
+
+
+class _Wrap(torch.nn.Module):
+    def __init__(self, body):
+        super().__init__()
+        self.body = body
+
+    def forward(self, pixel_values):
+        return {"logits": self.body(pixel_values).mean((2, 3))}
+
+
+def _built(model):
+    x = torch.randn(2, 8, 16, 16, generator=torch.Generator().manual_seed(1))
+    return BuiltEntry(model=_Wrap(model).eval(), inputs={"pixel_values": x})
+
+
+def _out(built, inputs=None):
+    with torch.no_grad():
+        return output_tensors(built.call(built.model, inputs or built.inputs))
+
+
+def test_dead_names_zero_constant_and_vanishing_outputs():
+    assert dead({"a": torch.zeros(3)}) == "a: all zeros"
+    assert dead({"a": torch.full((3,), 0.5)}) == "a: constant"
+    assert dead({"a": torch.randn(3) * VANISHING / 10}) == "a: vanishing"
+    assert dead({"a": torch.zeros(3), "b": torch.randn(3)}) == ""  # one live output keeps the model
+    assert dead({"ids": torch.zeros(3, dtype=torch.long)}) == ""  # no floating output: nothing to judge
+
+
+def test_dead_stack_is_calibrated_deterministically_and_carries_information():
+    a, b = _built(_stack()), _built(_stack())
+    assert dead(_out(a))  # the signal shrinks ~50x per block
+    assert keep_alive(a, 0) and keep_alive(b, 0)
+    assert a.notes["calibrated_batch_norms"]["count"] == 12
+    out = _out(a)
+    assert not dead(out) and float(out["logits"].abs().max()) > 1e-3
+    assert torch.equal(out["logits"], _out(b)["logits"])  # the same model for the same seed
+    perturbed = _out(a, informative.perturb_inputs(a.inputs, 0))
+    assert informative.uninformative(out, perturbed) == ""
+    assert all(not m.training for m in a.model.modules())  # back in eval mode
+
+
+def test_live_model_is_left_alone():
+    built = _built(_stack(depth=2, gamma_std=1.0))
+    before = {k: v.clone() for k, v in built.model.state_dict().items()}
+    assert keep_alive(built, 0) == "" and "calibrated_batch_norms" not in built.notes
+    assert all(torch.equal(before[k], v) for k, v in built.model.state_dict().items())
+
+
+def test_failed_calibration_restores_the_model():
+    built = _built(_stack(depth=2))
+    before = {k: v.clone() for k, v in built.model.state_dict().items()}
+
+    def boom():
+        raise RuntimeError("Expected more than 1 value per channel when training")
+
+    with pytest.raises(RuntimeError):
+        calibrate_batch_norms(built.model, boom)
+    assert all(torch.equal(before[k], v) for k, v in built.model.state_dict().items())
+    assert all(not m.training for m in built.model.modules())
+
+
+@pytest.mark.parametrize("entry_id", ["transformers/efficientnet/EfficientNetModel",
+                                      "transformers/pp_lcnet/PPLCNetForImageClassification"])
+def test_zoo_entry_that_was_dead_is_informative(entry_id):
+    """EfficientNet's outputs were all zeros and PP-LCNet's ~1e-38 (subnormal: XLA flushes them, a false
+    fail_accuracy) in the accepted full zoo; built now, they carry information and follow their input."""
+    from harness.zoo.registry import transformers_entries
+
+    (entry,) = [e for e in transformers_entries() if e.id == entry_id]
+    built = entry.build(0)
+    assert built.notes["calibrated_batch_norms"]["count"] > 0
+    out = _out(built)
+    assert not dead(out)
+    assert informative.uninformative(out, _out(built, informative.perturb_inputs(built.inputs, 0))) == ""
