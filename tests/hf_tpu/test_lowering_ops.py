@@ -95,6 +95,29 @@ def test_lstm_cell_compiled(highest) -> None:
         torch.testing.assert_close(g.cpu(), w, atol=1e-6, rtol=1e-5)
 
 
+@pytest.mark.parametrize("cls", [torch.nn.GRUCell, torch.nn.GRU])
+@pytest.mark.parametrize("bias", [True, False])
+def test_gru_compiled_forward_and_backward(highest, cls, bias: bool) -> None:
+    # _thnn_fused_gru_cell had no meta kernel (PyTorch has one for the LSTM cell only): a compiled graph with a
+    # GRU could not be traced (SLANet/SLANeXt compiled: compile_fail "RuntimeError when making fake tensor call")
+    torch.manual_seed(0)
+    m = cls(5, 7, bias=bias)
+    x = torch.randn(3, 5) if cls is torch.nn.GRUCell else torch.randn(4, 3, 5)
+    first = lambda y: y[0] if isinstance(y, tuple) else y  # noqa: E731
+    x.requires_grad_()
+    first(m(x)).sin().sum().backward()
+    torch._dynamo.reset()
+    mt = copy.deepcopy(m).to("tpu")
+    mt.zero_grad()
+    xt = x.detach().to("tpu").requires_grad_()
+    yt = torch.compile(lambda v: first(mt(v)).sin().sum(), backend="tpu")(xt)
+    yt.backward()
+    torch.testing.assert_close(yt.cpu(), first(m(x)).sin().sum().detach(), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(xt.grad.cpu(), x.grad, atol=1e-6, rtol=1e-5)
+    for p, q in zip(m.parameters(), mt.parameters(), strict=True):
+        torch.testing.assert_close(q.grad.cpu(), p.grad, atol=1e-5, rtol=1e-5)
+
+
 @pytest.mark.parametrize("forward_only", [False, True])
 def test_embedding_bag_like_cpu(forward_only):
     # torchax's lowering ignored per_sample_weights (Kimi K2.5's position interpolation was wrong in eager in the
