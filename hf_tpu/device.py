@@ -228,6 +228,10 @@ def register() -> bool:
     module_moves.install()
     serialization.install()
     autocast.install()
+    if torch.distributed.is_available() and torch.distributed.is_gloo_available():
+        from hf_tpu import process_group
+
+        process_group.register()  # torch.distributed's `tpu_dist` for tpu tensors (gloo on CPU copies)
     _registered = True
     return True
 
