@@ -93,19 +93,10 @@ def run_config(name: str, zoo: str, extra: list[str], work: Path, caches: dict[s
 
 # the hf_tpu sources the graph cache keys on (hf_tpu/compile_cache/keys.py): a commit to one of them between the
 # cold and the warm configuration makes every saved graph miss, so that "warm" run is graph-cold
-_KEYED_SOURCES = ("compile.py", "lowering.py", "patches.py", "compile_cache/serializable.py", "compile_cache/keys.py")
-
-
 def graph_key_digest() -> str:
-    import hashlib
+    from hf_tpu.compile_cache.keys import sources_digest
 
-    h = hashlib.sha256()
-    for rel in _KEYED_SOURCES:
-        try:
-            h.update((REPO / "hf_tpu" / rel).read_bytes())
-        except OSError:
-            h.update(rel.encode())
-    return h.hexdigest()[:16]
+    return sources_digest(REPO / "hf_tpu")
 
 
 def _timeouts(out: Path) -> list[str]:

@@ -39,7 +39,7 @@ if _os.environ.get("HF_TPU_DISABLE") != "1" and not _device.real_torch_tpu_prese
     from hf_tpu import compile_cache as _compile_cache
 
     _compile_cache.install()  # torch.compile(..., backend="tpu") through the graph cache (compile_cache/)
-_patches.install()  # Transformers/Accelerate patches, applied lazily by an import hook (patches.py)
+_patches.install()  # Transformers/Accelerate patches, applied lazily by an import hook (patches/hook.py)
 
 
 def backend_info() -> dict[str, Any]:

@@ -37,6 +37,14 @@ class _Guard(torch._C._acc.DeviceGuard):
 
 
 _direct_done = False
+_first_op_callbacks: list[Any] = []
+
+
+def on_first_op(fn: Any) -> None:
+    """Call `fn()` when the first op reaches a tpu tensor (the patches' hook finishes a library imported
+    before torch had finished importing: by then it has). Layers above the device register here, so the
+    device imports none of them."""
+    _first_op_callbacks.append(fn)
 
 
 def _fallback(op: Any, *args: Any, **kwargs: Any) -> Any:
@@ -47,9 +55,8 @@ def _fallback(op: Any, *args: Any, **kwargs: Any) -> Any:
     if not _direct_done:
         _direct_done = True
         _register_direct_kernels()
-        from hf_tpu import patches
-
-        patches._apply_pending()  # a library imported before torch has finished importing by now
+        for fn in _first_op_callbacks:
+            fn()
     return dispatch.dispatch(op, args, kwargs)
 
 

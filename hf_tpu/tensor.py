@@ -33,7 +33,7 @@ class Buffer:
     """Device memory shared by a tensor and its views; `version` moves on every write.
 
     The array may come later: a Buffer made with a `loader` calls it on first use, as a CPU tensor over a
-    memory-mapped checkpoint reads its pages on first use (see patches._cpu_to_tpu), and as `empty` on a
+    memory-mapped checkpoint reads its pages on first use (see patches/checkpoint_reader.py), and as `empty` on a
     CUDA device costs nothing until written (a `to("tpu")` is `empty` then `copy_`: the copy replaces the
     array without the zeros ever being made). `shape` is known without loading."""
 
@@ -150,6 +150,21 @@ def payload(t: torch.Tensor) -> Payload:
             f"hf_tpu: this {t.device} tensor has no data attached (shape {tuple(t.shape)}); it was made by "
             "a path that bypassed the tpu backend. Please report it with the code that made the tensor."
         ) from None
+
+
+def copy_sharing(t: torch.Tensor, copies: dict[int, tuple[Buffer, Buffer]]) -> torch.Tensor:
+    """A new tpu tensor with t's shape, dtype and view of a copy of t's buffer (copy.deepcopy of tpu tensors,
+    patches/torch_patches.py). `copies` maps an original buffer's id to (original, copy): views of one buffer
+    copied together share one copy, as on CPU. The array is shared, not copied: JAX arrays are immutable and
+    a write replaces the buffer's array, so the copy never sees the original's writes."""
+    p = payload(t)
+    hit = copies.get(id(p.buf))
+    if hit is None:
+        # the original is kept in the entry so that its id cannot be reused by another buffer meanwhile
+        hit = copies[id(p.buf)] = (p.buf, Buffer(p.buf.array))
+    new = _create(tuple(t.shape), t.dtype)
+    new.untyped_storage()._hf_tpu = Payload(hit[1], p.view)
+    return new
 
 
 def storage_identity(t: torch.Tensor) -> int:

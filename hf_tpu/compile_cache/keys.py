@@ -44,14 +44,28 @@ def _hf_tpu_code_digest() -> str:
     compiler and its decompositions, the serialized backend, the Transformers patches Dynamo traces) count."""
     from pathlib import Path
 
-    root = Path(__file__).resolve().parents[1]
+    return sources_digest(Path(__file__).resolve().parents[1])
+
+
+# the hf_tpu sources (files, or packages: every .py inside) that shape a saved graph
+KEYED_SOURCES = ("compile.py", "graph_compiler.py", "lowering.py", "patches", "compile_cache/serializable.py",
+                 "compile_cache/keys.py")
+
+
+def sources_digest(root: Any) -> str:
+    """Digest of KEYED_SOURCES under `root` (an hf_tpu directory; benchmarks/sweep_bench.py reads a checkout's)."""
+    from pathlib import Path
+
     h = hashlib.sha256()
-    for rel in ("compile.py", "graph_compiler.py", "lowering.py", "patches.py", "compile_cache/serializable.py",
-                "compile_cache/keys.py"):
-        try:
-            h.update((root / rel).read_bytes())
-        except OSError:
-            h.update(rel.encode())
+    for rel in KEYED_SOURCES:
+        path = Path(root) / rel
+        files = sorted(path.rglob("*.py")) if path.is_dir() else [path]
+        for f in files:
+            h.update(f.relative_to(root).as_posix().encode())
+            try:
+                h.update(f.read_bytes())
+            except OSError:
+                pass
     return h.hexdigest()[:16]
 
 

@@ -1,4 +1,4 @@
-"""Issue 3, points 6 and 7: each patch in hf_tpu/patches.py, its effect, and proof that upstream still needs
+"""Issue 3, points 6 and 7: each patch in hf_tpu/patches/, its effect, and proof that upstream still needs
 it (the same checks in a subprocess with HF_TPU_NO_PATCHES=1 must show the upstream behaviour)."""
 
 import os
@@ -83,7 +83,7 @@ def test_tpu_loads_adopt_checkpoint_memory_and_copy_caller_tensors(llama_dir):
     import transformers.core_model_loading as cml
     from safetensors import safe_open
 
-    from hf_tpu import patches
+    from hf_tpu.patches import checkpoint_reader
     from hf_tpu import tensor as T
 
     with safe_open(str(llama_dir / "model.safetensors"), framework="pt", device="cpu") as f:
@@ -99,7 +99,7 @@ def test_tpu_loads_adopt_checkpoint_memory_and_copy_caller_tensors(llama_dir):
             assert torch.equal(dev.cpu(), host)
             assert T.value(dev).unsafe_buffer_pointer() % 64 == 0
         assert torch.equal(dev.cpu(), host)
-    assert patches._mapped_range(torch.randn(100)) is None  # anonymous memory: not a mapped file
+    assert checkpoint_reader.mapped_range(torch.randn(100)) is None  # anonymous memory: not a mapped file
 
     mine = torch.randn(4, 8)
     dev = cml._materialize_copy(mine, device=torch.device("tpu"))
