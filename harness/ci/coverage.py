@@ -22,25 +22,12 @@ import pandas as pd
 
 from harness import schema
 from harness.ci import performance
+from harness.ci.verdicts import verdicts_markdown
+from harness.core.tables import Figure, fmt_num, fmt_pct, md_cell  # noqa: F401 - re-exported
 
 RAN = ("pass", "fail_accuracy")
 
 _where, _where_order = performance.where, performance.where_order  # phase/mode labels: 'eager', 'train/eager'
-
-
-@dataclass(frozen=True)
-class Figure:
-    """A percentage with its numerator and denominator, so no figure is shown without its base."""
-
-    num: int
-    den: int
-
-    @property
-    def pct(self) -> float | None:
-        return 100.0 * self.num / self.den if self.den else None
-
-    def __str__(self) -> str:
-        return f"{fmt_pct(self.pct)} ({self.num}/{self.den})"
 
 
 @dataclass(frozen=True)
@@ -51,10 +38,6 @@ class Headline:
     numerics_match: Figure
     crash_free_control: Figure  # over the rows whose control works (cause != upstream)
     upstream: int  # run failures whose control fails too
-
-
-def fmt_pct(pct: float | None) -> str:
-    return "n/a" if pct is None else f"{pct:.1f}%"
 
 
 def in_denominator(df: pd.DataFrame) -> pd.Series:
@@ -376,8 +359,6 @@ def coverage_markdown(df: pd.DataFrame, worst: int = 20) -> str:
                 f"| {fmt_num(r['cosine'], 6, fixed=True)} | {r['modes']} | {_md(r['located_modules'])} "
                 f"| {_md(r['examples'])} |"
             )
-    from harness.ci.verdicts import verdicts_markdown  # late: verdicts imports this module
-
     verdicts = verdicts_markdown(df)
     if verdicts:
         lines += ["", verdicts.rstrip("\n")]
@@ -397,22 +378,6 @@ def coverage_markdown(df: pd.DataFrame, worst: int = 20) -> str:
             )
     lines += ["", performance.performance_markdown(df).rstrip("\n")]
     return "\n".join(lines) + "\n"
-
-
-def fmt_num(x: object, digits: int = 3, fixed: bool = False) -> str:
-    """Number for tables: '' for missing; `digits` significant digits, or decimals when fixed."""
-    try:
-        v = float(x)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        return ""
-    if v != v:  # NaN
-        return ""
-    return f"{v:.{digits}f}" if fixed else f"{v:.{digits}g}"
-
-
-def md_cell(s: object) -> str:
-    """Text safe inside a Markdown table cell."""
-    return str(s).replace("|", "\\|").replace("\n", " ")
 
 
 _md = md_cell  # older name, used by harness.sweep.outputs

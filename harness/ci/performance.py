@@ -9,6 +9,7 @@ from __future__ import annotations
 import pandas as pd
 
 from harness import schema
+from harness.core.tables import fmt_num, md_cell
 
 # (column, header) of the per-row figures, in TorchTPU's order
 FIGURES = [("first_run_s", "first step s"), ("warmup_s", "warmup overhead s"), ("run_s", "step s"),
@@ -85,8 +86,6 @@ def slowest(df: pd.DataFrame, n: int = SLOWEST) -> pd.DataFrame:
 
 def performance_markdown(df: pd.DataFrame, n: int = SLOWEST) -> str:
     """The performance section of coverage.md: medians per phase/mode and the n slowest rows."""
-    from harness.ci.coverage import fmt_num, md_cell  # late: coverage imports this module
-
     med = medians(df)
     lines = ["## Performance", "",
              "TorchTPU's per-model figures, over the rows that ran to the end (pass, fail_accuracy): first step "

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from harness.ci.coverage import Figure, md_cell
+from harness.core.tables import Figure, md_cell
 
 LIST_MAX = 40
 

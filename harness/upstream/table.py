@@ -9,7 +9,8 @@ from typing import Any
 
 import pandas as pd
 
-from harness.ci.coverage import Figure, crash_table, md_cell
+from harness.ci.coverage import crash_table
+from harness.core.tables import Figure, md_cell
 
 COLUMNS = ["test", "family", "cpu", "tpu", "tpu_error_type", "tpu_message", "tpu_op", "cpu_error_type",
            "cpu_message", "tpu_duration_s"]
