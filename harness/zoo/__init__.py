@@ -7,8 +7,11 @@ real architectures from a models list resolved through the local Hugging Face ca
         out = output_tensors(built.run())
 """
 
+from harness.zoo import builders, entry
 from harness.zoo.entry import BuiltEntry, ZooBuildError, ZooEntry
 from harness.zoo.outputs import output_tensors
 from harness.zoo.zoo import load_zoo, select
+
+entry.set_builder(builders.build_entry)  # ZooEntry.build (builders import the libraries only when building)
 
 __all__ = ["BuiltEntry", "ZooBuildError", "ZooEntry", "load_zoo", "output_tensors", "select"]

@@ -18,6 +18,10 @@ def build_entry(entry: ZooEntry, seed: int = 0) -> BuiltEntry:
         from harness.zoo import transformers_zoo
 
         built = transformers_zoo.build(entry, seed)
+    elif entry.library == "diffusers" and entry.task == "pipeline":
+        from harness.zoo import pipelines
+
+        built = pipelines.build_pipeline(entry, seed)
     elif entry.library == "diffusers":
         from harness.zoo import diffusers_zoo
 

@@ -363,16 +363,6 @@ def _stable_audio_rope(length: int, dim: int) -> tuple[torch.Tensor, torch.Tenso
 SPECS_BY_NAME = {s.name: s for s in MODEL_SPECS}
 
 
-def diffusers_entries() -> list[ZooEntry]:
-    from harness.zoo.pipelines import PIPELINE_SPECS
-
-    entries = [ZooEntry(id=f"diffusers/{s.name}", library="diffusers", model_type=s.name, model_class=s.cls, task=s.task)
-               for s in MODEL_SPECS]
-    entries += [ZooEntry(id=f"diffusers/pipeline/{p.name}", library="diffusers", model_type=p.name,
-                         model_class=p.cls, task="pipeline") for p in PIPELINE_SPECS]
-    return entries
-
-
 def build_model(spec: ModelSpec, seed: int) -> tuple[torch.nn.Module, int]:
     try:
         import diffusers
@@ -392,10 +382,6 @@ def build_model(spec: ModelSpec, seed: int) -> tuple[torch.nn.Module, int]:
 
 
 def build(entry: ZooEntry, seed: int = 0) -> BuiltEntry:
-    if entry.task == "pipeline":
-        from harness.zoo.pipelines import build_pipeline
-
-        return build_pipeline(entry, seed)
     spec = SPECS_BY_NAME.get(entry.model_type)
     if spec is None:
         raise ZooBuildError(f"no diffusers spec named {entry.model_type!r}", category="not_available", stage="resolve")

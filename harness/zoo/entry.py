@@ -46,9 +46,20 @@ class ZooEntry:
     def build(self, seed: int = 0) -> BuiltEntry:
         """Instantiate the model (CPU, float32, eval mode, weights seeded by `seed`) and its inputs.
         Raises `ZooBuildError` (with a failure category) on failure."""
-        from harness.zoo.builders import build_entry  # late: keeps `load_zoo`/listing import-light
+        if _builder is None:
+            raise RuntimeError("harness.zoo has not finished importing: no builder for zoo entries yet")
+        return _builder(self, seed)
 
-        return build_entry(self, seed)
+
+# Building needs the libraries' builders (harness/zoo/builders.py), which sit above this module: they make
+# BuiltEntry and raise ZooBuildError. The zoo package hands its dispatcher in when it is imported, which any
+# import of this module does first; so the records stay importable without the builders.
+_builder: Callable[[ZooEntry, int], BuiltEntry] | None = None
+
+
+def set_builder(fn: Callable[[ZooEntry, int], BuiltEntry]) -> None:
+    global _builder
+    _builder = fn
 
 
 @dataclass

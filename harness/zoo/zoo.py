@@ -11,10 +11,21 @@ from harness.zoo.smoke import SMOKE_IDS
 
 
 def full_zoo() -> list[ZooEntry]:
-    from harness.zoo.diffusers_zoo import diffusers_entries
     from harness.zoo.registry import transformers_entries
 
     return transformers_entries() + diffusers_entries()
+
+
+def diffusers_entries() -> list[ZooEntry]:
+    """Every diffusers model spec (diffusers_zoo.py) and pipeline spec (pipelines.py), as entries."""
+    from harness.zoo.diffusers_zoo import MODEL_SPECS
+    from harness.zoo.pipelines import PIPELINE_SPECS
+
+    entries = [ZooEntry(id=f"diffusers/{s.name}", library="diffusers", model_type=s.name, model_class=s.cls, task=s.task)
+               for s in MODEL_SPECS]
+    entries += [ZooEntry(id=f"diffusers/pipeline/{p.name}", library="diffusers", model_type=p.name,
+                         model_class=p.cls, task="pipeline") for p in PIPELINE_SPECS]
+    return entries
 
 
 def load_zoo(spec: str = "smoke", *, hub_layers: int = 2) -> list[ZooEntry]:
