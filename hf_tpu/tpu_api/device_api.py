@@ -189,9 +189,9 @@ def reset_peak_memory_stats(device: Any = None) -> None:
 
 
 def get_device_name(device: Any = None) -> str:
-    from hf_tpu import backend_info
+    from hf_tpu import runtime
 
-    return f"tpu (hf_tpu on JAX {backend_info()['platform']})"
+    return f"tpu (hf_tpu on JAX {runtime.platform()})"
 
 
 @dataclasses.dataclass(frozen=True)
