@@ -1,0 +1,116 @@
+"""A fine-tuning step at GPT-2 size on tpu (eager and compiled) against CPU eager, side by side in one run.
+
+  python benchmarks/finetune_step.py [--steps 5] [--warmup 2] [--rounds 1] [--modes cpu,tpu,tpu-compiled]
+                                     [--batch 4] [--seq 128] [--tiny]
+
+Each (mode, round) runs in a fresh process: GPT-2 124M built from its default config (seeded, offline) on CPU
+and moved to the device, AdamW(fused=True), and a training step under `torch.autocast(device, bfloat16)`:
+forward with labels, backward, optimizer step, zero_grad, the loss read back (`.item()`, so the step is
+finished when the clock stops). After `--warmup` steps (the compiled mode traces and compiles its forward and
+backward programs there, and the fused AdamW program compiles on the first step), `--steps` steps are timed:
+the median step time and its spread (min-max), and the process's peak RSS (build, move and steps included).
+Precision is "highest" for float32 work on every device; the matmuls run in bfloat16 under autocast.
+`--tiny` runs a 2-layer, 64-wide GPT-2 (a smoke test of the script). Targets (issue 25): tpu eager within
+1.5x CPU's step time, compiled faster than CPU eager, peak RSS within 1.3x CPU's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+CHILD = r"""
+import json, resource, statistics, sys, time
+import torch, transformers
+mode, batch, seq, warmup, steps, tiny = json.loads(sys.argv[1])
+torch.set_float32_matmul_precision("highest")
+transformers.utils.logging.set_verbosity_error()
+device = "cpu" if mode == "cpu" else "tpu"
+kwargs = dict(n_layer=2, n_embd=64, n_head=4, vocab_size=1000, n_positions=seq) if tiny else {}
+torch.manual_seed(0)
+config = transformers.GPT2Config(**kwargs, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+model = transformers.GPT2LMHeadModel(config).to(device).train()
+opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
+fwd = torch.compile(model, backend="tpu") if mode == "tpu-compiled" else model
+ids = torch.randint(0, config.vocab_size, (batch, seq)).to(device)
+times, losses = [], []
+for i in range(warmup + steps):
+    t = time.perf_counter()
+    with torch.autocast(device, dtype=torch.bfloat16):
+        loss = fwd(input_ids=ids, labels=ids).loss
+    loss.backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    losses.append(loss.item())
+    times.append(time.perf_counter() - t)
+timed = times[warmup:]
+print(json.dumps({"mode": mode, "first_s": times[0], "median_s": statistics.median(timed), "min_s": min(timed),
+                  "max_s": max(timed), "losses": losses,
+                  "params_m": sum(p.numel() for p in model.parameters()) / 1e6,
+                  "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20}))
+"""
+
+
+def run_one(mode: str, args: argparse.Namespace) -> dict:
+    payload = json.dumps([mode, args.batch, args.seq, args.warmup, args.steps, args.tiny])
+    proc = subprocess.run([sys.executable, "-c", CHILD, payload], capture_output=True, text=True,
+                          env={**os.environ, "TRANSFORMERS_VERBOSITY": "error"})
+    if proc.returncode != 0:
+        raise RuntimeError(f"{mode} failed:\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=1, help="processes per mode, alternating modes")
+    ap.add_argument("--modes", default="cpu,tpu,tpu-compiled")
+    ap.add_argument("--batch", type=int, default=4)
+    ap.add_argument("--seq", type=int, default=128)
+    ap.add_argument("--tiny", action="store_true")
+    args = ap.parse_args()
+    modes = args.modes.split(",")
+    results: dict[str, list[dict]] = {m: [] for m in modes}
+    for r in range(args.rounds):
+        for mode in modes:
+            res = run_one(mode, args)
+            results[mode].append(res)
+            print(f"round {r + 1} {mode}: {res['median_s']:.3f} s/step (first {res['first_s']:.1f} s), "
+                  f"peak RSS {res['peak_rss_gb']:.2f} GB", file=sys.stderr, flush=True)
+    size = "tiny GPT-2" if args.tiny else "GPT-2"
+    params = results[modes[0]][0]["params_m"]
+    print(f"\nFine-tuning step, {size} ({params:.1f}M params), batch {args.batch} x {args.seq}, AdamW(fused=True), "
+          f"bfloat16 autocast; {args.warmup} warm-up + {args.steps} timed steps per process, {args.rounds} "
+          f"process(es) per mode\n")
+    print("| mode | step s (median) | spread (min-max) | first step s | peak RSS GB | vs CPU time | vs CPU RSS |")
+    print("|---|---|---|---|---|---|---|")
+    base = results.get("cpu")
+    base_t = statistics.median(r["median_s"] for r in base) if base else None
+    base_m = statistics.median(r["peak_rss_gb"] for r in base) if base else None
+    for mode in modes:
+        rs = results[mode]
+        t = statistics.median(r["median_s"] for r in rs)
+        lo, hi = min(r["min_s"] for r in rs), max(r["max_s"] for r in rs)
+        first = statistics.median(r["first_s"] for r in rs)
+        m = statistics.median(r["peak_rss_gb"] for r in rs)
+        vt = f"{t / base_t:.2f}x" if base_t else "-"
+        vm = f"{m / base_m:.2f}x" if base_m else "-"
+        print(f"| {mode} | {t:.3f} | {lo:.3f}-{hi:.3f} | {first:.1f} | {m:.2f} | {vt} | {vm} |")
+    if base:
+        cpu_loss = base[0]["losses"]
+        for mode in modes:
+            if mode != "cpu":
+                d = max(abs(a - b) for a, b in zip(results[mode][0]["losses"], cpu_loss, strict=False))
+                print(f"\n{mode}: largest loss difference from CPU over the steps {d:.4f} (bfloat16 autocast)", end="")
+        print()
+
+
+if __name__ == "__main__":
+    main()
