@@ -221,6 +221,8 @@ BACKWARD_LOWERINGS: dict[Any, Callable[..., Any]] = {
     aten._adaptive_avg_pool3d_backward.default: _adaptive_avg(aten._adaptive_avg_pool3d.default, 3),
     aten.max_pool2d_with_indices_backward.default: _max_pool_with_indices(2),
     aten.max_pool3d_with_indices_backward.default: _max_pool_with_indices(3),
+    aten.adaptive_max_pool2d_backward.default: _max_pool_with_indices(2),
+    aten.adaptive_max_pool3d_backward.default: _max_pool_with_indices(3),
     aten.replication_pad1d_backward.default: _grad_of_self(aten.replication_pad1d.default),
     aten.replication_pad2d_backward.default: _grad_of_self(aten.replication_pad2d.default),
     aten.replication_pad3d_backward.default: _grad_of_self(aten.replication_pad3d.default),

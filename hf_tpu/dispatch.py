@@ -195,7 +195,17 @@ def _wrap_one(x: Any, dt: torch.dtype | None) -> torch.Tensor:
     return T.wrap(x, dt)
 
 
+# Ops whose lowerings give CPU's output dtypes where PyTorch's meta kernels do not: batch norm's saved
+# statistics are float32 by the meta kernel, but CPU keeps them in the parameters' dtype (bfloat16 input
+# and parameters give bfloat16 statistics).
+_LOWERING_DTYPES = frozenset({aten.native_batch_norm.default, aten._native_batch_norm_legit.default,
+                              aten._native_batch_norm_legit.no_stats,
+                              aten._native_batch_norm_legit_functional.default})
+
+
 def _wrap_outputs(op: Any, res: Any, args: tuple, kwargs: dict) -> Any:
+    if op in _LOWERING_DTYPES:
+        return pytree.tree_map(lambda x: _wrap_one(x, None) if plans.is_array(x) else x, res)
     if plans.is_array(res):  # the common case: one array
         expected = _meta_dtypes(op, args, kwargs)
         return _wrap_one(res, expected[0] if expected else None)
@@ -526,6 +536,7 @@ def _native_batch_norm(x: Any, weight: Any, bias: Any, running_mean: Any, runnin
 
 SPECIAL: dict[Any, Callable[..., Any]] = {
     aten.native_batch_norm.default: _native_batch_norm,
+    aten._native_batch_norm_legit.default: _native_batch_norm,  # the same running-statistics contract
     aten._conj.default: _conj,
     aten._neg_view.default: lambda src: dispatch(aten.neg.default, (src,), {}),
     aten.view_as_real.default: _view_as_real,

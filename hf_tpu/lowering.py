@@ -19,6 +19,7 @@ Hand-written lowerings (torchax 0.0.13 has none for these):
   linalg_cholesky_ex -> jnp.linalg.cholesky plus a real `info` (torchax's is always 0, so a matrix that is
                         not positive definite passed `constraints.positive_definite` and gave NaN samples)
   eye, range, searchsorted, fused LSTM/GRU cells, _embedding_bag: lowering_ops.py
+  index_reduce, angle, sign/sgn and others the OpInfo parity test found: lowering_parity.py
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ import torch
 from hf_tpu import dtypes, precision
 from hf_tpu.errors import NoLowering, op_name  # noqa: F401 - re-exported: callers name lowering.NoLowering
 from hf_tpu.lowering_ops import OP_LOWERINGS
+from hf_tpu.lowering_parity import OPMATH, PARITY_LOWERINGS, opmath
 from hf_tpu.optim_lowerings import OPTIM_LOWERINGS
 from hf_tpu.rng import ENV
 from hf_tpu.torchax_compat import load_op_table
@@ -220,6 +222,7 @@ HAND_LOWERINGS: dict[Any, Callable[..., Any]] = {
     aten.zero.default: _zero,
     **OP_LOWERINGS,
     **OPTIM_LOWERINGS,
+    **PARITY_LOWERINGS,
 }
 
 
@@ -231,6 +234,10 @@ def find(op: Any) -> Callable[..., Any] | None:
         lowerings, _ = load_op_table()
         entry = lowerings.get(op) or lowerings.get(getattr(op, "overloadpacket", None))
         if entry is None:
+            if op in OPMATH and decomposition(op) is not None:  # traced in float32 rather than left to dispatch
+                from hf_tpu import decomposed
+
+                return opmath(decomposed.as_lowering(op, decomposition(op)))
             return None
         fn = entry.func
         if isinstance(op, torch._ops.OpOverload) and not _accepts_schema(fn, op):
@@ -242,6 +249,8 @@ def find(op: Any) -> Callable[..., Any] | None:
             fn = _cast_input_first(fn, op)
         if entry.needs_env:
             fn = functools.partial(fn, env=ENV)
+    if op in OPMATH:
+        fn = opmath(fn)
     name = op.__name__.split(".")[0] if hasattr(op, "__name__") else ""
     if name in precision.MATMUL_OPERANDS:
         inner = fn

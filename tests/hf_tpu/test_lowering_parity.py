@@ -1,0 +1,103 @@
+"""Lowerings the OpInfo parity test found missing or wrong (lowering_parity.py): each op on tpu gives CPU's
+values and dtype, half-precision inputs included (computed the way CPU's kernel does, not with a wider
+tolerance), and gradients where the op has them."""
+
+from __future__ import annotations
+
+import op_parity
+import pytest
+import torch
+import torch.nn.functional as F
+
+IDX = torch.tensor([0, 2, 0, 3])
+
+
+def _rand(shape: tuple[int, ...], dtype: torch.dtype, seed: int = 0) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(*shape, generator=gen) * 3
+    return x.to(dtype) if dtype.is_floating_point else x.round().to(dtype)
+
+
+CASES = {
+    # name: (fn, input shapes, dtypes)
+    "index_reduce_prod": (lambda x, s: x.index_reduce(0, IDX.to(x.device), s, "prod"), ((5, 3), (4, 3))),
+    "index_reduce_mean": (lambda x, s: x.index_reduce(1, IDX.to(x.device), s, "mean", include_self=False),
+                          ((3, 5), (3, 4))),
+    "index_reduce_amax": (lambda x, s: x.index_reduce(0, IDX.to(x.device), s, "amax"), ((5, 3), (4, 3))),
+    "index_reduce_amin": (lambda x, s: x.index_reduce(0, IDX.to(x.device), s, "amin", include_self=False),
+                          ((5, 3), (4, 3))),
+    "angle": (torch.angle, ((4, 5),)),
+    "sgn": (torch.sgn, ((4, 5),)),
+    "cumsum": (lambda x: torch.cumsum(x, 1), ((4, 64),)),
+    "fmod": (torch.fmod, ((6, 7), (6, 7))),
+    "cross": (lambda a, b: torch.linalg.cross(a, b), ((6, 3), (6, 3))),
+    "layer_norm": (lambda x: F.layer_norm(x, (16,)), ((4, 8, 16),)),
+    "group_norm": (lambda x: F.group_norm(x, 2), ((2, 6, 5),)),
+    "batch_norm_train": (lambda x, m, v: F.batch_norm(x, m, v, training=True, momentum=0.5, eps=0.6),
+                         ((5, 4, 6), (4,), (4,))),
+    "batch_norm_eval": (lambda x, m, v: F.batch_norm(x, m, v.abs(), training=False), ((5, 4, 6), (4,), (4,))),
+    "adaptive_max_pool2d": (lambda x: F.adaptive_max_pool2d(x, (3, 2), return_indices=True), ((2, 3, 7, 5),)),
+    "adaptive_max_pool3d": (lambda x: F.adaptive_max_pool3d(x, 2), ((1, 2, 5, 3, 4),)),
+    "as_strided_scatter": (lambda x, s: torch.as_strided_scatter(x, s, (2, 3), (1, 2), 1), ((4, 4), (2, 3))),
+    "polygamma0": (lambda x: torch.polygamma(0, x), ((40,),)),
+    "polygamma1": (lambda x: torch.polygamma(1, x), ((40,),)),
+    "polygamma3": (lambda x: torch.polygamma(3, x), ((40,),)),
+}
+FLOATS = (torch.float32, torch.bfloat16, torch.float16)
+ONLY = {  # dtypes CPU supports for the op, where fewer than FLOATS
+    "polygamma3": (torch.float32,),
+    "adaptive_max_pool3d": (torch.float32, torch.bfloat16),
+}
+# Still one half-precision ulp off CPU (left in reports/op_parity.md): layer norm's float16 backward, batch norm's
+# bfloat16 training statistics on these inputs.
+KNOWN = {("layer_norm", torch.float16), ("batch_norm_train", torch.bfloat16)}
+INTS = {"index_reduce_prod", "index_reduce_mean", "index_reduce_amax", "index_reduce_amin", "angle", "cumsum"}
+
+
+def _check(name: str, dtype: torch.dtype) -> None:
+    fn, shapes = CASES[name]
+    grad = dtype.is_floating_point and name not in ("angle", "sgn") and not name.startswith(("index_reduce",
+                                                                                             "polygamma"))
+    xs = [_rand(s, dtype, seed=i).requires_grad_(grad and i == 0) for i, s in enumerate(shapes)]
+    ts = [x.detach().to("tpu").requires_grad_(x.requires_grad) for x in xs]
+    expected, actual = fn(*xs), fn(*ts)
+    exp_list = list(expected) if isinstance(expected, tuple) else [expected]
+    act_list = list(actual) if isinstance(actual, tuple) else [actual]
+    assert all(a.device.type == "tpu" for a in act_list)
+    op_parity.compare(exp_list, act_list)  # dtype, shape, values within the parity test's tolerances
+    if grad:
+        w = torch.linspace(0.5, 1.5, exp_list[0].numel()).reshape(exp_list[0].shape)
+        (g,) = torch.autograd.grad((exp_list[0].float() * w).sum(), xs[0])
+        (tg,) = torch.autograd.grad((act_list[0].float() * w.to("tpu")).sum(), ts[0])
+        op_parity.compare(g, tg)
+
+
+@pytest.mark.usefixtures("highest")
+@pytest.mark.parametrize("dtype", FLOATS, ids=lambda d: str(d).removeprefix("torch."))
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_matches_cpu(name: str, dtype: torch.dtype) -> None:
+    if dtype not in ONLY.get(name, FLOATS):
+        pytest.skip(f"CPU has no {name} for {dtype}")
+    if (name, dtype) in KNOWN:
+        pytest.xfail("one half-precision ulp off CPU")
+    _check(name, dtype)
+
+
+@pytest.mark.parametrize("name", sorted(INTS))
+def test_integers_match_cpu(name: str) -> None:
+    _check(name, torch.int64)
+
+
+def test_sign_of_bool() -> None:
+    x = torch.tensor([True, False, True])
+    assert torch.equal(torch.sign(x.to("tpu")).cpu(), torch.sign(x))
+
+
+def test_batch_norm_updates_running_stats_like_cpu() -> None:
+    """_native_batch_norm_legit (what F.batch_norm reaches in training) writes the running statistics back."""
+    x = _rand((6, 3, 4), torch.float32)
+    m, v = torch.zeros(3), torch.ones(3)
+    tm, tv = m.to("tpu"), v.to("tpu")
+    F.batch_norm(x, m, v, training=True, momentum=0.3)
+    F.batch_norm(x.to("tpu"), tm, tv, training=True, momentum=0.3)
+    op_parity.compare([m, v], [tm, tv])
