@@ -4,10 +4,13 @@ functional ATen (forward and backward), and each graph runs as ONE jitted XLA pr
 Shapes are static: JAX compiles again for each new input shape, and the first use of this backend
 turns off Dynamo's automatic dynamic shapes, so `dynamic=None` behaves as `dynamic=False` (pass
 `dynamic=True` to get symbolic shapes; their values then become static arguments of the XLA program).
+A dimension marked with `torch._dynamo.mark_dynamic` (with TorchTPU's bounds and bucket options) gets one
+program per bucket instead: bounded.py.
 """
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable
 from typing import Any
@@ -72,14 +75,19 @@ def tpu_backend(gm: torch.fx.GraphModule, example_inputs: list[Any], **kwargs: A
     try:
         from hf_tpu.compile_cache import aot_cache
 
-        if aot_cache.enabled() and options["serializable"]:
+        dynamic = any(isinstance(ex, torch.SymInt) or (isinstance(ex, torch.Tensor) and any(
+            isinstance(d, torch.SymInt) for d in ex.shape)) for ex in example_inputs)
+        if aot_cache.enabled() and options["serializable"] and not dynamic:
             # a graph the graph cache could not save (a graph break): AOTAutograd's own cache, which needs
             # the serializable compiler (compile_cache/aot_cache.py); a hit is lowered by today's backend
             from hf_tpu.compile_cache.serializable import serializable_aot_autograd
 
             with aot_cache.active():
                 return serializable_aot_autograd(gm, example_inputs, **kwargs)
-        return aot_autograd(fw_compiler=graph_compiler.compile_graph, bw_compiler=graph_compiler.compile_graph,
+        # TorchTPU's bucket options reach the graph compiler (bounded dynamism: bounded.py); as there, graphs
+        # with dynamic sizes skip AOTAutograd's cache
+        compiler = functools.partial(graph_compiler.compile_graph, options=options)
+        return aot_autograd(fw_compiler=compiler, bw_compiler=compiler,
                             decompositions=graph_compiler.decompositions())(
             gm, example_inputs, **kwargs
         )

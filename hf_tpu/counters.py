@@ -9,7 +9,10 @@ import threading
 from typing import Any
 
 _lock = threading.Lock()
-_counts = {"graphs": 0, "compilations": 0, "cache_hits": 0, "cache_misses": 0}
+# padded_graphs / static_dynamic_graphs: graphs with dynamic sizes run padded to buckets, or kept static
+# (bounded.py)
+_counts = {"graphs": 0, "compilations": 0, "cache_hits": 0, "cache_misses": 0, "padded_graphs": 0,
+           "static_dynamic_graphs": 0}
 _times = {"aot_s": 0.0, "xla_s": 0.0}
 _listener_installed = False
 

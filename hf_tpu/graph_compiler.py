@@ -109,8 +109,11 @@ def _storage_base(node: torch.fx.Node) -> torch.fx.Node:
     return node
 
 
-def to_jax_function(gm: torch.fx.GraphModule) -> Callable[..., Any]:
-    """A function over JAX arrays that computes `gm` (functional ATen) with our lowerings."""
+def to_jax_function(gm: torch.fx.GraphModule,
+                    wrap_node: Callable[[torch.fx.Node, Callable[..., Any]], Callable[..., Any]] | None = None,
+                    ) -> Callable[..., Any]:
+    """A function over JAX arrays that computes `gm` (functional ATen) with our lowerings; `wrap_node`
+    may wrap a node's lowering (bounded.py masks padded positions that way)."""
     nodes = list(gm.graph.nodes)
     fns: dict[torch.fx.Node, Callable[..., Any]] = {}
     strided_from: dict[torch.fx.Node, torch.fx.Node] = {}  # as_strided node -> the view chain's base node
@@ -122,6 +125,8 @@ def to_jax_function(gm: torch.fx.GraphModule) -> Callable[..., Any]:
                     src.meta.get("val"), torch.Tensor):
                 strided_from[n] = base = _storage_base(src)
                 fns[n] = _as_strided_on_storage(fns[n], base.meta["val"])
+            if wrap_node is not None:
+                fns[n] = wrap_node(n, fns[n])
 
     def run(*inputs: Any) -> Any:
         jnp = T._jnp()
@@ -160,12 +165,36 @@ def to_jax_function(gm: torch.fx.GraphModule) -> Callable[..., Any]:
 _NO_META = object()  # a pytree leaf standing for an output node without a traced value
 
 
-def compile_graph(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
-    from hf_tpu import runtime
+def _padded_plan(gm: torch.fx.GraphModule, example_inputs: list[Any], options: dict[str, Any] | None) -> Any:
+    """A bounded-dynamism plan (bounded.py) when the graph has dynamic sizes and can be padded, else None:
+    static shapes, one program per size."""
+    from hf_tpu import bounded
+
+    if not any(isinstance(ex, torch.SymInt) and bounded._is_dyn(ex) for ex in example_inputs) and not any(
+            isinstance(ex, torch.Tensor) and bounded._dyn_dims(ex) for ex in example_inputs):
+        return None
+    try:
+        return bounded.PaddedGraph(gm, example_inputs, options or {})
+    except bounded.Unsupported as exc:
+        bounded.log.warning("hf_tpu: bounded dynamism: static shapes for this graph (%s)", exc)
+        counters.bump("static_dynamic_graphs")
+        return None
+
+
+def compile_graph(gm: torch.fx.GraphModule, example_inputs: list[Any], options: dict[str, Any] | None = None
+                  ) -> Callable[..., Any]:
+    """`options`: TorchTPU's compile options (compile_options.py); the bucket ones shape bounded dynamism."""
+    from hf_tpu import bounded, runtime
 
     jax = runtime.jax()  # installs the persistent-cache listener (counters.py) too
-    fn = to_jax_function(gm)
-    static = tuple(i for i, ex in enumerate(example_inputs) if not isinstance(ex, torch.Tensor))
+    plan = _padded_plan(gm, example_inputs, options)
+    if plan is None:
+        fn = to_jax_function(gm)
+    else:  # one program per bucket: the real sizes are its first (traced) argument
+        fn = plan.wrap(to_jax_function(gm, lambda n, f: bounded.masked(f, n, plan.masks[n], plan.env)
+                                       if n in plan.masks else f))
+        counters.bump("padded_graphs")
+    static = tuple(i + (plan is not None) for i, ex in enumerate(example_inputs) if not isinstance(ex, torch.Tensor))
     # the output node itself has no "val": its arguments (the returned nodes) do
     out_node = next(n for n in gm.graph.nodes if n.op == "output")
     out_vals = torch.fx.node.map_arg(out_node.args[0], lambda a: a.meta.get("val", _NO_META))
@@ -213,6 +242,9 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callab
             else:
                 jargs.append(a)
         args.clear()  # boxed calling convention: let inputs be freed early
+        if plan is not None:
+            jargs, sizes, values = plan.pad(jargs)
+            jargs.insert(0, sizes)
         if random:
             jargs.append(rng.ENV.get_and_rotate_prng_key())
         before = counters.count("compilations")
@@ -221,6 +253,8 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Callab
         if counters.count("compilations") != before:  # this call traced and compiled (or loaded) a program
             counters.bump_time("xla_s", time.perf_counter() - start)
         leaves, spec = pytree.tree_flatten(out)
+        if plan is not None:
+            leaves = plan.unpad(leaves, values)
         res = []
         pad = [None] * (len(leaves) - len(out_dtypes))
         for x, dt, tpu, scalar in zip(leaves, out_dtypes + pad, out_on_tpu + pad, out_scalar + pad, strict=False):

@@ -66,6 +66,13 @@ def _signature(full: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]
     return tuple(out)
 
 
+def _marked_dynamic(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    from torch.utils import _pytree as pytree
+
+    return any(isinstance(leaf, torch.Tensor) and getattr(leaf, "_dynamo_dynamic_indices", None)
+               for leaf in pytree.tree_leaves((args, kwargs)))
+
+
 class CachedCall:
     """Calls `fn(*prefix, *args, **kwargs)` through the graph cache; `fallback(*args, **kwargs)` is the
     ordinary compiled callable."""
@@ -90,6 +97,10 @@ class CachedCall:
             # test_can_load_with_global_device_set). The ordinary torch.compile path handles modes.
             return self.fallback(*args, **kwargs)
         full = self.prefix + args
+        if _marked_dynamic(args, kwargs):
+            # torch._dynamo.mark_dynamic: bounded dynamism (hf_tpu/bounded.py) on the ordinary path; as in
+            # TorchTPU, graphs with dynamic sizes are not serialized
+            return self.fallback(*args, **kwargs)
         sig = _signature(full, kwargs)
         compiled = self._fast(full, kwargs, sig)
         if compiled is None:

@@ -1,0 +1,144 @@
+"""Bounded dynamism on the zoo's causal LMs, as a TorchTPU user would run a server with variable lengths:
+
+    compiled = torch.compile(model, backend="tpu")
+    for n in 1..64:
+        ids = ...[:, :n].to("tpu"); torch._dynamo.mark_dynamic(ids, 1, min=2, max=64)
+        logits = compiled(input_ids=ids).logits
+
+Per model: whether the logits equal CPU's (float32, matmul precision highest, rtol=atol=1e-4) at every
+length, the XLA compilations over the 64 lengths (the ideal is 2: length 1, which Dynamo always
+specialises, and the one bucket [2, 64]), and whether the graph was padded or kept static shapes (the op
+that kept it static is logged). Rows go to a JSON-lines file as they finish, so a long run can be resumed.
+
+    python benchmarks/bounded_dynamism.py --zoo smoke
+    python benchmarks/bounded_dynamism.py --zoo full --out reports/bounded_dynamism.jsonl   # every causal LM
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import logging
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import torch  # noqa: E402
+
+
+class _Reasons(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.seen.append(record.getMessage())
+
+
+def run_model(entry: Any, max_len: int, batch: int) -> dict[str, Any]:
+    from hf_tpu import compile as C
+    from hf_tpu.precision import cpu_reference
+
+    row: dict[str, Any] = {"id": entry.id}
+    start = time.time()
+    try:
+        built = entry.build(seed=0)
+    except Exception as exc:  # noqa: BLE001 - a model the zoo cannot build is reported, not fatal
+        return {**row, "status": "build_error", "error": f"{type(exc).__name__}: {exc}"[:300]}
+    model = built.model.eval()
+    vocab = int(getattr(model.config, "vocab_size", 0) or getattr(model.config.get_text_config(), "vocab_size", 0))
+    limit = min(max_len, int(getattr(model.config, "max_position_embeddings", max_len) or max_len))
+    ids_all = torch.randint(0, vocab, (batch, limit), generator=torch.Generator().manual_seed(0))
+    cpu_model = copy.deepcopy(model)
+    tpu_model = model.to("tpu")
+    torch._dynamo.reset()
+    compiled = torch.compile(tpu_model, backend="tpu")
+    reasons = _Reasons()
+    logging.getLogger("hf_tpu.bounded").addHandler(reasons)
+    C.reset_stats()
+    worst, wrong_at = 0.0, []
+    try:
+        for n in range(1, limit + 1):
+            ids = ids_all[:, :n]
+            x = ids.to("tpu")
+            if n >= 2:  # Dynamo specialises sizes 0 and 1 whatever is marked
+                torch._dynamo.mark_dynamic(x, 1, min=2, max=limit)
+            with torch.no_grad():
+                got = compiled(input_ids=x).logits.cpu()
+                with cpu_reference():
+                    want = cpu_model(input_ids=ids).logits
+            err = (got - want).abs().max().item() if got.shape == want.shape else float("inf")
+            worst = max(worst, err)
+            if got.shape != want.shape or not torch.allclose(got, want, rtol=1e-4, atol=1e-4):
+                wrong_at.append(n)
+    except Exception as exc:  # noqa: BLE001
+        row.update(status="error", error=f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300])
+    finally:
+        logging.getLogger("hf_tpu.bounded").removeHandler(reasons)
+    st = C.stats()
+    row.setdefault("status", "correct" if not wrong_at else "wrong")
+    row.update(lengths=limit, worst_abs_err=worst, wrong_at=wrong_at[:8], compilations=st["compilations"],
+               graphs=st["graphs"], padded_graphs=st["padded_graphs"], static_graphs=st["static_dynamic_graphs"],
+               graph_breaks=st["graph_breaks"], static_reason=reasons.seen[0][:300] if reasons.seen else "",
+               seconds=round(time.time() - start, 1))
+    return row
+
+
+def summary(rows: list[dict[str, Any]]) -> str:
+    built = [r for r in rows if r["status"] != "build_error"]
+    correct = [r for r in built if r["status"] == "correct"]
+    padded = [r for r in correct if r.get("padded_graphs", 0) and not r.get("static_graphs", 0)]
+    comps = [r["compilations"] for r in correct]
+    lines = [f"{len(rows)} causal LMs, {len(built)} built: {len(correct)} correct at every length "
+             f"({100 * len(correct) / max(len(built), 1):.0f}%), {len(padded)} of them with every graph padded",
+             f"compilations over the lengths (correct models): median {statistics.median(comps) if comps else '-'}, "
+             f"max {max(comps) if comps else '-'}; <= 2: {sum(c <= 2 for c in comps)}"]
+    for r in rows:
+        if r["status"] != "correct" or r.get("static_graphs"):
+            lines.append(f"  {r['id']}: {r['status']} {r.get('error') or r.get('static_reason') or r.get('wrong_at')}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--zoo", default="smoke", help="smoke, full, or a models-list CSV (harness.zoo.load_zoo)")
+    p.add_argument("--max-len", type=int, default=64)
+    p.add_argument("--batch", type=int, default=2)
+    p.add_argument("--limit", type=int, default=0, help="only the first N causal LMs")
+    p.add_argument("--only", default="", help="only ids containing this")
+    p.add_argument("--out", default="", help="JSON-lines file: rows already there are kept, not rerun")
+    args = p.parse_args(argv)
+
+    import hf_tpu  # noqa: F401
+    from harness.zoo import load_zoo, select
+
+    torch.set_float32_matmul_precision("highest")
+    entries = [e for e in select(load_zoo(args.zoo), task="causal-lm") if args.only in e.id]
+    if args.limit:
+        entries = entries[: args.limit]
+    done: dict[str, dict[str, Any]] = {}
+    out = Path(args.out) if args.out else None
+    if out and out.exists():
+        done = {r["id"]: r for r in map(json.loads, out.read_text().splitlines()) if r}
+    rows = []
+    for e in entries:
+        row = done.get(e.id) or run_model(e, args.max_len, args.batch)
+        rows.append(row)
+        if out and e.id not in done:
+            out.parent.mkdir(parents=True, exist_ok=True)
+            with out.open("a") as f:
+                f.write(json.dumps(row) + "\n")
+        print(json.dumps({k: row.get(k) for k in ("id", "status", "compilations", "padded_graphs", "static_graphs",
+                                                  "worst_abs_err", "seconds")}), flush=True)
+    print(summary(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,151 @@
+"""Bounded dynamism (hf_tpu/bounded.py): TorchTPU-style scripts (mark_dynamic with bounds, the bucket
+compile options) run unchanged, compile one program per bucket, and give CPU's results for every size."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hf_tpu import bounded
+from hf_tpu import compile as C
+from hf_tpu.precision import cpu_reference
+
+
+class TinyDecoder(torch.nn.Module):
+    """A causal self-attention block with a mask built from the sequence length, RMS-style norm, and a
+    mean over the sequence: reductions and contractions over the dynamic dimension that padding must not
+    reach."""
+
+    def __init__(self, vocab: int = 50, d: int = 16) -> None:
+        super().__init__()
+        self.emb = torch.nn.Embedding(vocab, d)
+        self.qkv = torch.nn.Linear(d, 3 * d)
+        self.out = torch.nn.Linear(d, vocab)
+
+    def forward(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        h = self.emb(ids)
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6)
+        q, k, v = self.qkv(h).split(h.shape[-1], dim=-1)
+        n = ids.shape[1]
+        pos = torch.arange(n, device=ids.device)
+        causal = pos[None, :] <= pos[:, None]
+        scores = (q @ k.transpose(1, 2)).masked_fill(~causal, float("-inf"))
+        h = torch.softmax(scores, dim=-1) @ v + h
+        return self.out(h), h.mean(dim=1)
+
+
+def _run(fn, model_cpu, lengths, mark, **compile_kw):
+    """Per length: the compiled tpu outputs and CPU's, computed as a TorchTPU user would write the loop."""
+    torch._dynamo.reset()  # Dynamo keys compiled graphs by code object: each run starts afresh
+    torch.manual_seed(0)
+    ids_all = torch.randint(0, 50, (2, max(lengths)))
+    compiled = torch.compile(fn, backend="tpu", **compile_kw)
+    C.reset_stats()
+    for n in lengths:
+        ids = ids_all[:, :n].to("tpu")
+        if mark:
+            mark(ids)
+        with torch.no_grad():
+            got = [t.cpu() for t in compiled(ids)]
+        with torch.no_grad(), cpu_reference():
+            want = model_cpu(ids_all[:, :n])
+        for g, w in zip(got, want, strict=True):
+            assert g.shape == w.shape
+            torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-4)
+    return C.stats()
+
+
+@pytest.fixture
+def highest():
+    before = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("highest")
+    yield
+    torch.set_float32_matmul_precision(before)
+
+
+def test_one_program_for_every_length_up_to_the_bound(highest) -> None:
+    cpu = TinyDecoder().eval()
+    tpu = TinyDecoder().eval()
+    tpu.load_state_dict(cpu.state_dict())
+    tpu.to("tpu")
+    lengths = [2, 7, 3, 13, 32, 19]
+    st = _run(tpu, cpu, lengths, lambda t: torch._dynamo.mark_dynamic(t, 1, min=2, max=32))
+    assert st["padded_graphs"] == 1 and st["compilations"] == 1, st
+    # without mark_dynamic: static shapes, a program per length (what a server with variable lengths paid)
+    st = _run(tpu, cpu, lengths, None)
+    assert st["padded_graphs"] == 0 and st["compilations"] == len(lengths), st
+
+
+@pytest.mark.slow
+def test_bucket_options_control_the_programs(highest) -> None:
+    cpu = TinyDecoder().eval()
+    tpu = TinyDecoder().eval()
+    tpu.load_state_dict(cpu.state_dict())
+    tpu.to("tpu")
+    # buckets of 8 from the traced length 5: [2, 8], [9, 16], [17, 40] (the last extended to max)
+    opts = {"num_dynamic_buckets": 3, "bucket_size": 8}
+    st = _run(tpu, cpu, [5, 3, 8, 9, 16, 17, 40, 6], lambda t: torch._dynamo.mark_dynamic(t, 1, min=2, max=40),
+              options=opts)
+    assert st["compilations"] == 3, st
+    assert bounded.make_buckets(["s"], {"s": (2, 40)}, {"s": 5}, 3, 8).uppers == [{"s": 8}, {"s": 16}, {"s": 40}]
+    # unbounded: consecutive multiples from the traced size; sizes above the last make Dynamo recompile
+    assert bounded.make_buckets(["s"], {"s": (2, None)}, {"s": 20}, 2, 16).uppers == [{"s": 32}, {"s": 48}]
+    assert bounded.make_buckets(["s"], {"s": (2, 10)}, {"s": 4}, 8, 128).uppers == [{"s": 10}]
+
+
+@pytest.mark.slow
+def test_beyond_an_unbounded_bucket_recompiles_a_bounded_number_of_times(highest) -> None:
+    cpu = TinyDecoder().eval()
+    tpu = TinyDecoder().eval()
+    tpu.load_state_dict(cpu.state_dict())
+    tpu.to("tpu")
+    lengths = [3, 10, 16, 17, 30, 40, 5]
+    st = _run(tpu, cpu, lengths, lambda t: torch._dynamo.mark_dynamic(t, 1), options={"bucket_size": 16})
+    # [2, 16] from the first call; 17 is outside, so Dynamo recompiles with a bucket from 17: [2, 32];
+    # 40 once more
+    assert st["compilations"] == 3 and st["graphs"] == 3, st
+
+
+def test_ops_without_a_rule_keep_static_shapes_and_stay_exact(highest) -> None:
+    w = torch.randn(16, 4)
+
+    def last_token(x):  # reads the last real position: a padded program would read padding there
+        return x[:, -1] @ w.to(x.device)
+
+    def scaled(x):  # the length used as a value
+        return (x * x.shape[1]).sum(1)
+
+    def pooled(x):  # a mean over the dynamic dimension: masked and rescaled, one program
+        return torch.softmax(x.mean(1) @ w.to(x.device), -1)
+
+    for fn, padded in ((last_token, False), (scaled, False), (pooled, True)):
+        torch._dynamo.reset()
+        compiled = torch.compile(fn, backend="tpu")
+        C.reset_stats()
+        lengths = [4, 9, 6]
+        for n in lengths:
+            x = torch.randn(2, n, 16)
+            xt = x.to("tpu")
+            torch._dynamo.mark_dynamic(xt, 1, min=2, max=32)
+            with cpu_reference():
+                want = fn(x)
+            torch.testing.assert_close(compiled(xt).cpu(), want, rtol=1e-5, atol=1e-5)
+        st = C.stats()
+        assert st["padded_graphs"] == int(padded), (fn.__name__, st)
+        assert st["compilations"] == (1 if padded else len(lengths)), (fn.__name__, st)
+
+
+def test_view_rule() -> None:
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    env = ShapeEnv()
+    s = env.create_unbacked_symint()
+    with FakeTensorMode(shape_env=env):
+        a = torch.empty(1, s, 12)
+        assert bounded._view_ok(a, torch.empty(s, 12))  # [1, s, 12] -> [s, 12]
+        assert bounded._view_ok(a, torch.empty(1, s, 3, 4))  # split the static inner dimension
+        assert bounded._view_ok(a, torch.empty(12 * s))  # s outermost of the merge
+        b = torch.empty(2, s, 4)
+        assert not bounded._view_ok(b, torch.empty(2 * s, 4))  # batch 1's real positions would move
+        assert not bounded._view_ok(b, torch.empty(8 * s))
