@@ -7,7 +7,7 @@ provides them and asks Python (`_Callbacks` below) whatever depends on hf-tpu's 
 How it is built: `torch.utils.cpp_extension.load` compiles hooks.cpp with the torch already installed
 (g++ and ninja, no pip, no second torch) into a cache directory keyed by the source, torch and Python
 versions: `$TORCH_EXTENSIONS_DIR`, else ~/.cache/hf_tpu/native. The first `import torch` on a machine
-builds it (about 25 s on two cores, see docs/device.md); later imports load the cached library in
+builds it (15-20 s on two busy cores, see docs/device.md); later imports load the cached library in
 milliseconds without importing the build machinery. Processes starting together wait for one build.
 Without a compiler (or with HF_TPU_NATIVE=0), `tpu` is registered with PyTorch's Python hooks and the
 features above raise PyTorch's own errors; `status()` says which happened."""
