@@ -180,7 +180,7 @@ def install() -> None:
     """Register the fallthrough and the per-op kernels for AutocastPrivateUse1 (once per process)."""
     if _libs:
         return
-    from hf_tpu.device import _never_traced_by_dynamo
+    from hf_tpu.no_dynamo import never_traced_by_dynamo as _never_traced_by_dynamo
 
     everything = torch.library.Library("_", "IMPL")  # noqa: TOR901 - held for the process
     # ops not in the table pass through autocast untouched, as on CUDA

@@ -9,6 +9,8 @@ from typing import Any
 
 import torch
 
+from hf_tpu.no_dynamo import never_traced_by_dynamo as _never_traced_by_dynamo
+
 NAME = "tpu"
 _registered = False
 _lib: torch.library.Library | None = None
@@ -48,16 +50,13 @@ def on_first_op(fn: Any) -> None:
 
 
 def _fallback(op: Any, *args: Any, **kwargs: Any) -> Any:
-    # Imported on first use so that `import torch` stays cheap.
-    from hf_tpu import dispatch
-
     global _direct_done
     if not _direct_done:
         _direct_done = True
         _register_direct_kernels()
         for fn in _first_op_callbacks:
             fn()
-    return dispatch.dispatch(op, args, kwargs)
+    return _dispatch(op, args, kwargs)
 
 
 # Ops whose composite kernels must keep running for tpu: they move data between devices.
@@ -74,8 +73,8 @@ def _register_direct_kernels() -> None:
     from hf_tpu import decomposed, dispatch
     from hf_tpu.torchax_compat import load_op_table
 
-    global _dispatch_module
-    _dispatch_module = dispatch
+    global _dispatch
+    _dispatch = dispatch.dispatch
     from torch._decomp import decomposition_table
 
     lowerings, decomps = load_op_table()
@@ -120,14 +119,14 @@ def _register_direct_kernels() -> None:
     _aten_lib.impl(sdpa.OP, sdpa.kernel, "AutogradPrivateUse1")
 
 
-_dispatch_module: Any = None  # hf_tpu.dispatch, bound when the direct kernels are registered
+# dispatch.dispatch, bound when the direct kernels are registered; hf_tpu.hooks.observe_ops rebinds it (and
+# dispatch.dispatch) while an observer runs, so the kernels below look up nothing else per op.
+_dispatch: Any = None
 
 
 def _direct(op: Any, *args: Any, **kwargs: Any) -> Any:
     # No import statement here: this runs on every op, and an import costs microseconds even when cached.
-    # The module's attribute is looked up on each call, so a wrapper put there (harness.diagnose's probe)
-    # sees every op.
-    return _dispatch_module.dispatch(op, args, kwargs)
+    return _dispatch(op, args, kwargs)
 
 
 _CPU_KEYS = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
@@ -139,7 +138,7 @@ def _direct_inplace_view(op: Any, *args: Any, **kwargs: Any) -> Any:
     # every backend without its own use (the composite one) does exactly that.
     if type(args[0]) is not torch.Tensor and not isinstance(args[0], torch.nn.Parameter):
         return op.redispatch(_CPU_KEYS, *args, **kwargs)
-    return _dispatch_module.dispatch(op, args, kwargs)
+    return _dispatch(op, args, kwargs)
 
 
 PER_OP_KERNELS = (
@@ -151,17 +150,6 @@ PER_OP_KERNELS = (
     "_neg_view",  # composite: it would set the negative bit (dispatch._conj says why not)
 )
 _aten_lib: torch.library.Library | None = None
-
-
-def _never_traced_by_dynamo(fn: Any) -> Any:
-    """Keep TorchDynamo out of our kernels and everything they call.
-
-    After a graph break, Dynamo evaluates the frames that run eagerly, and our Python kernels are frames:
-    without this it would try to trace hf_tpu's dispatch and JAX itself (and fail). (SKIP, SKIP) skips the
-    frame and all frames it calls; set through torch._C so that `import torch` does not import Dynamo."""
-    ev = torch._C._dynamo.eval_frame
-    ev.set_code_exec_strategy(fn.__code__, ev._FrameExecStrategy(ev._FrameAction.SKIP, ev._FrameAction.SKIP))
-    return fn
 
 
 GOOGLE_PCI_VENDOR = "0x1ae0"

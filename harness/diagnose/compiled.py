@@ -1,4 +1,4 @@
-"""Compiled mode: watch the `tpu` backend build its programs (hf_tpu.graph_compiler.compile_graph is wrapped while the
+"""Compiled mode: watch the `tpu` backend build its programs (hf_tpu.hooks.observe_graphs wraps the graph compiler while the
 model runs), keep each ATen graph and its real inputs, and on failure or divergence go through the graph node
 by node: the first node without a lowering, whose lowering fails to trace, or whose result differs from
 PyTorch's CPU kernel on the same inputs. The module comes from the node's `nn_module_stack`."""
@@ -55,12 +55,11 @@ def module_of(node: torch.fx.Node) -> tuple[str, str]:
 @contextlib.contextmanager
 def watch() -> Any:
     """Wrap the tpu backend's graph compiler while the block runs; yields the list of Graphs it saw."""
-    from hf_tpu import graph_compiler as hc
+    from hf_tpu import hooks
 
     graphs: list[Graph] = []
-    real = hc.compile_graph
 
-    def compiler(gm, example_inputs):
+    def compiler(real, gm, example_inputs):
         g = Graph(gm)
         graphs.append(g)
         try:
@@ -81,11 +80,8 @@ def watch() -> Any:
         call._boxed_call = True  # type: ignore[attr-defined]
         return call
 
-    hc.compile_graph = compiler
-    try:
+    with hooks.observe_graphs(compiler):
         yield graphs
-    finally:
-        hc.compile_graph = real
 
 
 def _meta_tensor(v: Any) -> Any:
@@ -226,12 +222,6 @@ def short_break(reason: str) -> str:
         detail = exp.group(1).strip() if exp else detail
     detail = re.sub(r" at 0x[0-9a-f]+", "", detail)[:120]
     return f"{title}: {detail}" if detail else title
-
-
-def break_op(reason: str) -> str:
-    """The ATen op a graph break names (`aten.nonzero.default` -> aten::nonzero.default), if any."""
-    m = re.search(r"\baten\.([A-Za-z0-9_]+)\.([A-Za-z0-9_]+)", str(reason))
-    return f"aten::{m.group(1)}.{m.group(2)}" if m else ""
 
 
 def graph_break_reasons() -> list[str]:

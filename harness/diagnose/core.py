@@ -114,16 +114,26 @@ def _first_line(exc: BaseException) -> str:
 
 @contextlib.contextmanager
 def _launch_blocking():
-    """Errors surface at the op that caused them (hf_tpu reads the variable per op)."""
+    """Errors surface at the op that caused them: switched in this process through hf_tpu.hooks (hf_tpu reads
+    the variable once, at import), and in the variable for the processes it starts."""
     old = os.environ.get("TORCH_TPU_LAUNCH_BLOCKING")
     os.environ["TORCH_TPU_LAUNCH_BLOCKING"] = "1"
     try:
-        yield
+        with _hooks_launch_blocking():
+            yield
     finally:
         if old is None:
             os.environ.pop("TORCH_TPU_LAUNCH_BLOCKING", None)
         else:
             os.environ["TORCH_TPU_LAUNCH_BLOCKING"] = old
+
+
+def _hooks_launch_blocking() -> contextlib.AbstractContextManager:
+    try:
+        from hf_tpu import device, hooks
+    except ImportError:
+        return contextlib.nullcontext()
+    return hooks.launch_blocking(True) if device.is_registered() else contextlib.nullcontext()
 
 
 def _set_precision(p: str) -> None:

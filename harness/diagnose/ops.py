@@ -16,17 +16,6 @@ from hf_tpu.lowering import op_name  # noqa: F401 - the spelling hf_tpu's errors
 Tolerance = numerics.Tolerance
 
 
-def resolve_op(name: str) -> Any:
-    """`aten::gelu.default` -> torch.ops.aten.gelu.default (None when unknown)."""
-    try:
-        ns, rest = name.split("::", 1)
-        base, _, overload = rest.partition(".")
-        packet = getattr(getattr(torch.ops, ns), base)
-        return getattr(packet, overload or "default")
-    except (AttributeError, ValueError):
-        return None
-
-
 # ------------------------------------------------------------------------------------------- tensor specs
 @dataclass
 class TensorSpec:
@@ -301,7 +290,7 @@ def replay(call: OpCall, device: str, tol: Tolerance) -> OpResult:
 class FailureProbe:
     """Keep the first ATen op that raises on `tpu`, with CPU copies of its inputs and the calling module.
 
-    Under hf_tpu this wraps the eager backend's entry point (hf_tpu.dispatch.dispatch) and changes nothing
+    Under hf_tpu this observes the eager backend's entry point (hf_tpu.hooks.observe_ops) and changes nothing
     else: a TorchDispatchMode would (it makes some Python-level tensor code, e.g. torch.tensor() of a list of
     0-d tpu tensors, take another path). The innermost failing op is kept, the one the exception names. Other
     backends (torch_tpu) get the dispatch mode (RecordOps)."""
@@ -311,8 +300,7 @@ class FailureProbe:
         self.failed: OpCall | None = None
         self._busy = False
         self._mode: RecordOps | None = None
-        self._module = None
-        self._real = None
+        self._observing: Any = None
 
     def _record(self, op: Any, args: tuple, kwargs: dict, exc: BaseException) -> None:
         if self.failed is not None or self._busy:
@@ -329,7 +317,7 @@ class FailureProbe:
     def __enter__(self) -> FailureProbe:
         try:
             from hf_tpu import device as hdev
-            from hf_tpu import dispatch as hd
+            from hf_tpu import hooks
 
             if not hdev.is_registered():
                 raise ImportError
@@ -337,25 +325,23 @@ class FailureProbe:
             self._mode = RecordOps(keep=False, stack=self.stack)
             self._mode.__enter__()
             return self
-        self._module, self._real = hd, hd.dispatch
-        real = self._real
-
-        def dispatch(op, args, kwargs):
+        def record(dispatch, op, args, kwargs):
             try:
-                return real(op, args, kwargs)
+                return dispatch(op, args, kwargs)
             except Exception as exc:
                 self._record(op, args, kwargs, exc)
                 raise
 
-        hd.dispatch = dispatch
+        self._observing = hooks.observe_ops(record)
+        self._observing.__enter__()
         return self
 
     def __exit__(self, *exc_info) -> None:
         if self._mode is not None:
             self._mode.__exit__(*exc_info)
             self.failed = self._mode.failed
-        elif self._module is not None:
-            self._module.dispatch = self._real
+        elif self._observing is not None:
+            self._observing.__exit__(*exc_info)
 
 
 DISCONTINUOUS = {"eq", "ne", "gt", "ge", "lt", "le", "argmax", "argmin", "topk", "sort", "argsort", "nonzero",

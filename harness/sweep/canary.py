@@ -90,24 +90,17 @@ def _scale(res: Any, factor: float) -> Any:
 @contextlib.contextmanager
 def inject(fault: Fault | str) -> Iterator[Fault]:
     """Within the block, lowerings of the fault's ops return results scaled by its factor (backend only)."""
-    from hf_tpu import lowering
+    from hf_tpu import hooks
 
     if isinstance(fault, str):
         fault = parse_fault(fault)
-    original = lowering.find
 
-    @functools.cache
-    def find(op: Any) -> Callable[..., Any] | None:
-        fn = original(op)
-        if fn is None or _op_base_name(op) not in fault.ops:
-            return fn
-        return _scaled(fn, fault.factor)  # cached: the same object on every call, so plans stay valid
+    def replace(op: Any, fn: Callable[..., Any]) -> Callable[..., Any] | None:
+        # asked once per op: the scaled lowering is one object, so plans and programs made from it stay valid
+        return _scaled(fn, fault.factor) if _op_base_name(op) in fault.ops else None
 
-    lowering.find = find
-    try:
+    with hooks.override_lowerings(replace):
         yield fault
-    finally:
-        lowering.find = original
 
 
 def outcome(faulty_match: bool, faulty: dict, clean: dict) -> str:

@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from hf_tpu import dispatch, rng
+from hf_tpu import hooks, rng
 
 aten = torch.ops.aten
 
@@ -20,16 +20,15 @@ def highest():
 
 
 @pytest.fixture
-def ops_seen(monkeypatch):
+def ops_seen():
     seen: list[str] = []
-    real = dispatch.dispatch
 
-    def spy(op, args, kwargs):
+    def spy(dispatch, op, args, kwargs):
         seen.append(op.__name__)
-        return real(op, args, kwargs)
+        return dispatch(op, args, kwargs)
 
-    monkeypatch.setattr(dispatch, "dispatch", spy)
-    return seen
+    with hooks.observe_ops(spy):
+        yield seen
 
 
 @pytest.mark.parametrize("make", [
