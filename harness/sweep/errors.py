@@ -96,10 +96,3 @@ def death_fields(exitcode: int | None, why: str) -> dict:
         except ValueError:
             name = f"signal {-exitcode}"
     return {"error_type": "WorkerCrash", "error_message": f"worker died: {name}", "failing_op": ""}
-
-
-def group_message(message: str) -> str:
-    """A coarser form for grouping by root cause: numbers and quoted names blanked."""
-    msg = re.sub(r"'[^']*'|\"[^\"]*\"", "'?'", message or "")
-    msg = re.sub(r"\d+", "N", msg)
-    return msg[:120]

@@ -646,10 +646,6 @@ def _subconfigs(d: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
-def round_to(v: int, m: int) -> int:
-    return max(m, int(math.ceil(v / m)) * m)
-
-
 _LAYER_KEYS = ("num_hidden_layers", "num_layers", "n_layer", "n_layers", "encoder_layers", "decoder_layers",
                "num_encoder_layers", "num_decoder_layers")
 

@@ -11,7 +11,6 @@ to torch.compile untouched. HF_TPU_COMPILE_CACHE=0 turns the graph cache off.
 from __future__ import annotations
 
 import functools
-import shutil
 from typing import Any
 
 from hf_tpu.compile_cache import store
@@ -76,16 +75,3 @@ def stats() -> dict[str, Any]:
 
 def reset_stats() -> None:
     store.reset_stats()
-
-
-def clear_memory() -> None:
-    """Forget this process's loaded graphs (the memory tier); disk tiers are kept."""
-    from hf_tpu.compile_cache import cached
-
-    cached._memory.clear()
-    cached._unsaveable.clear()
-
-
-def clear_host() -> None:
-    """Delete the host tier's directory."""
-    shutil.rmtree(store.host_dir(), ignore_errors=True)
