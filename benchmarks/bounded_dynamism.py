@@ -112,6 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch", type=int, default=2)
     p.add_argument("--limit", type=int, default=0, help="only the first N causal LMs")
     p.add_argument("--only", default="", help="only ids containing this")
+    p.add_argument("--every", type=int, default=1, help="every K-th causal LM (a spread sample)")
     p.add_argument("--out", default="", help="JSON-lines file: rows already there are kept, not rerun")
     args = p.parse_args(argv)
 
@@ -120,6 +121,7 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.set_float32_matmul_precision("highest")
     entries = [e for e in select(load_zoo(args.zoo), task="causal-lm") if args.only in e.id]
+    entries = entries[:: args.every]
     if args.limit:
         entries = entries[: args.limit]
     done: dict[str, dict[str, Any]] = {}
