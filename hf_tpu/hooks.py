@@ -49,8 +49,9 @@ def observe_graphs(wrapper: Callable[..., Any]) -> Iterator[None]:
 
     inner = graph_compiler.compile_graph
 
-    def observed(gm: Any, example_inputs: list[Any]) -> Any:
-        return wrapper(inner, gm, example_inputs)
+    def observed(gm: Any, example_inputs: list[Any], **options: Any) -> Any:
+        # the backend's own options (compile_options.py) go to the real compiler, not to the wrapper
+        return wrapper(functools.partial(inner, **options) if options else inner, gm, example_inputs)
 
     graph_compiler.compile_graph = observed  # read by the backends at each compile
     try:
