@@ -27,6 +27,7 @@ def main() -> int:
     p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
     p.add_argument("--zoo", default="smoke")
     p.add_argument("--match", default=None)
+    p.add_argument("--shard", default=None, metavar="I/N", help="the sweep's shard I of N of the selection")
     p.add_argument("--factors", default="1.003,1.01,1.03,1.1")
     p.add_argument("--family", default="matmul", choices=("matmul", "conv", "all"))
     p.add_argument("--no-emulate", action="store_true", help="CPU baseline at full float32 instead of the tpu's "
@@ -36,7 +37,7 @@ def main() -> int:
     import torch
 
     import hf_tpu  # noqa: F401
-    from harness.sweep import canary, emulate, numerics
+    from harness.sweep import canary, draws, emulate, numerics
     from harness.sweep.runner import output_tensors, prepare_inputs, prepare_model, to_cpu
     from harness.zoo import load_zoo
 
@@ -45,6 +46,10 @@ def main() -> int:
     low = dtype if dtype != torch.float32 else None
     overrides = numerics.load_overrides(None)
     entries = [e for e in load_zoo(args.zoo) if not args.match or re.search(args.match, e.id)]
+    if args.shard:
+        from harness.sweep.entries import parse_shard, shard
+
+        entries = shard(entries, parse_shard(args.shard))
     clean_fail, changed, caught = [], dict.fromkeys(factors, 0), dict.fromkeys(factors, 0)
     print(f"# precision {args.precision}, dtype {args.dtype}, fault family {args.family}, factors {factors}")
     print("entry | reference | clean rel rmse | " + " | ".join(f"x{f:g}" for f in factors))
@@ -56,10 +61,10 @@ def main() -> int:
             with torch.no_grad():
                 torch.manual_seed(0)
                 bm = prepare_model(b.model, None, low) if low else b.model
-                with emulate.matmul_precision("highest" if args.no_emulate else args.precision):
+                with emulate.matmul_precision("highest" if args.no_emulate else args.precision), draws.shared_draws(0):
                     ref = to_cpu(output_tensors(b.call(bm, prepare_inputs(b.inputs, None, low))))
                 torch.manual_seed(0)
-                with emulate.cpu_reference():
+                with emulate.cpu_reference(), draws.shared_draws(0):
                     fp64 = to_cpu(output_tensors(b.call(prepare_model(b.model, None, torch.float64),
                                                     prepare_inputs(b.inputs, None, torch.float64))))
         except Exception as exc:  # noqa: BLE001
@@ -71,7 +76,7 @@ def main() -> int:
         def run(fault, b=b):
             torch.set_float32_matmul_precision(args.precision)
             ctx = canary.inject(canary.Fault(args.family, fault)) if fault else contextlib.nullcontext()
-            with torch.no_grad(), ctx:
+            with torch.no_grad(), ctx, draws.shared_draws(0):
                 torch.manual_seed(0)
                 m = prepare_model(b.model, "tpu", low)
                 return to_cpu(output_tensors(b.call(m, prepare_inputs(b.inputs, "tpu", low))))

@@ -152,7 +152,8 @@ def tolerance_for(entry_id: str, precision: str, dtype: str, overrides: Override
         tol=float(values.get("tol", base.tol)),
         floor=float(values["floor"]) if "floor" in values else base.floor,
         reference=float(values.get("reference", base.reference)),
-        agree=float(values["agree"]) if values.get("agree") is not None else base.agree,
+        # only where the configuration has the bound: at "highest" the baseline does not share a rounding
+        agree=float(values["agree"]) if values.get("agree") is not None and base.agree is not None else base.agree,
         multiplier=None if values.get("multiplier") is None else float(values["multiplier"]),
         cosine=bool(values.get("cosine", False)),
         skip=str(values.get("skip") or ""),

@@ -116,3 +116,6 @@ def test_agree_comes_from_the_defaults_and_entries_override_it(tmp_path):
     f = tmp_path / "t.yaml"
     f.write_text("entries:\n  x: {agree: 0.5}\n")
     assert tolerance_for("x", "medium", "float32", load_overrides(f)).agree == 0.5
+    assert tolerance_for("x", "highest", "float32", load_overrides(f)).agree is None  # no shared rounding there
+    shipped = load_overrides(None)
+    assert tolerance_for("diffusers/pipeline/DDPMPipeline", "medium", "float32", shipped).agree == 1.45
