@@ -1,4 +1,5 @@
-"""Shrunk CNNs whose batch norms killed the signal (issue 32): their outputs carry information again."""
+"""Shrunk models whose outputs carried no signal (issue 32): batch norms that let it die (EfficientNet, PP-LCNet),
+zero codebooks (Mimi). Built now, their outputs are alive and follow their inputs."""
 
 import pytest
 import torch
@@ -94,4 +95,41 @@ def test_zoo_entry_that_was_dead_is_informative(entry_id):
     assert built.notes["calibrated_batch_norms"]["count"] > 0
     out = _out(built)
     assert not dead(out)
+    assert informative.uninformative(out, _out(built, informative.perturb_inputs(built.inputs, 0))) == ""
+
+
+# ------------------------------------------------------------------------------------------ zero codebooks
+class _Codebook(torch.nn.Module):
+    """As Mimi's EuclideanCodebook: zero centroids in a buffer, a derived cache filled at first use."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed_sum = torch.nn.Buffer(torch.zeros(16, 4))
+        self.cluster_usage = torch.nn.Buffer(torch.zeros(16))
+        self._embed = None
+
+    def forward(self, x):
+        if self._embed is None:
+            self._embed = self.embed_sum.clone()
+        return self._embed[torch.cdist(x, self._embed).argmin(-1)]
+
+
+def test_zero_codebook_is_drawn_and_its_cache_dropped():
+    from harness.zoo.zero_init import reinit_zero_weights
+
+    a, b = _Codebook(), _Codebook()
+    a(torch.randn(5, 4))  # the builder's probes fill the cache from the zero centroids
+    assert reinit_zero_weights(a, 0) == ["embed_sum"] == reinit_zero_weights(b, 0)  # 1-D statistics stay
+    assert a._embed is None and torch.equal(a.embed_sum, b.embed_sum) and not bool(a.cluster_usage.any())
+    x = torch.randn(64, 4, generator=torch.Generator().manual_seed(0))
+    assert len(torch.unique(a(x), dim=0)) > 1  # frames map to different codes
+
+
+def test_mimi_output_follows_its_input():
+    """MimiModel's decoded audio was the same whatever the input (every frame quantised to code 0)."""
+    from harness.zoo.registry import transformers_entries
+
+    (entry,) = [e for e in transformers_entries() if e.id == "transformers/mimi/MimiModel"]
+    built = entry.build(0)
+    out = _out(built)
     assert informative.uninformative(out, _out(built, informative.perturb_inputs(built.inputs, 0))) == ""
