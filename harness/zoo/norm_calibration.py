@@ -15,8 +15,8 @@ exactly tied and the selected queries depend on how a backend breaks ties.
 The rule, applied only when it is needed (a model with batch norms whose outputs on its inputs are dead,
 see `dead`, or where what reaches some batch norm has vanished): every batch norm, frozen ones included,
 gets scale 1 and shift 0 (PyTorch's defaults) and running statistics equal to the per-channel mean and
-variance of what reaches it in one pass over the entry's inputs, layer after layer (each layer sees its
-calibrated predecessors), as a trained model's statistics describe its activations. Nothing is random, so
+variance of what reaches it in one pass over the entry's inputs (a channel's variance floored at VAR_FLOOR
+of the layer's mean), layer after layer (each layer sees its calibrated predecessors), as a trained model's statistics describe its activations. Nothing is random, so
 the model stays the same for a given seed; models whose signal is alive are left as they are.
 """
 
@@ -31,6 +31,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 
 VANISHING = 1e-10  # ten orders of magnitude below a trained model's activations: what is left is decay, not signal
 _STATS = ("weight", "bias", "running_mean", "running_var")
+VAR_FLOOR = 1e-2  # of the layer's mean channel variance: a dead channel is amplified at most 10x the others
 
 
 def batch_norms(module: torch.nn.Module) -> list[torch.nn.Module]:
@@ -111,7 +112,10 @@ def calibrate_batch_norms(model: torch.nn.Module, run: Callable[[], Any]) -> int
         xd = x.detach().double()
         with torch.no_grad():
             module.running_mean.copy_(xd.mean(dims))
-            module.running_var.copy_(xd.var(dims, unbiased=False))
+            var = xd.var(dims, unbiased=False)
+            # a channel that is (nearly) constant on these inputs would divide float32 rounding by ~sqrt(eps)
+            # and make the model chaotic (float64 and float32 disagree); it gets a share of the layer's variance
+            module.running_var.copy_(var.clamp(min=VAR_FLOOR * float(var.mean())))
             if isinstance(module.weight, torch.Tensor):  # affine=False has none
                 module.weight.fill_(1.0)
                 module.bias.zero_()

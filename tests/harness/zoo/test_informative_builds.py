@@ -70,6 +70,21 @@ def test_live_model_is_left_alone():
     assert all(torch.equal(before[k], v) for k, v in built.model.state_dict().items())
 
 
+def test_constant_channel_variance_is_floored():
+    """A channel constant on the calibration inputs would divide float32 rounding by sqrt(eps) (PP-OCRv5's
+    recogniser came out chaotic: float64 and float32 disagreed by 0.16 of the output's scale)."""
+    from harness.zoo.norm_calibration import VAR_FLOOR
+
+    bn = torch.nn.BatchNorm2d(3).eval()
+    x = torch.randn(2, 3, 4, 4)
+    x[:, 1] = 0.5  # a dead channel
+    calibrate_batch_norms(bn, lambda: bn(x))
+    var = x.double().var((0, 2, 3), unbiased=False)
+    assert float(bn.running_var[1]) == pytest.approx(VAR_FLOOR * float(var.mean()), rel=1e-5)
+    assert torch.allclose(bn.running_var[[0, 2]].double(), var[[0, 2]], rtol=1e-5)
+    assert torch.allclose(bn.running_mean.double(), x.double().mean((0, 2, 3)), atol=1e-6)
+
+
 def test_failed_calibration_restores_the_model():
     built = _built(_stack(depth=2))
     before = {k: v.clone() for k, v in built.model.state_dict().items()}
