@@ -101,3 +101,45 @@ def test_compile_for_sweep_leaves_plain_calls_whole():
 
     model = torch.nn.Linear(2, 2)
     assert compile_for_sweep(call, model, "tpu") is not call  # a plain model: the whole call is compiled
+
+
+def test_the_baseline_is_ieee_float32_whatever_the_process_set(cpu_opts):
+    """The CPU baseline and float64 reference run inside hf_tpu.precision.cpu_reference even when the
+    process runs at "medium" (as a tpu sweep at TorchTPU's default leaves it; oneDNN would then make the
+    baseline bfloat16 on an AMX host); the process's setting is back for the backend's runs and afterwards."""
+    import dataclasses
+
+    import torch
+
+    (real,) = testzoo.parse_spec("test:pass")
+    seen = []
+
+    class Spy:  # the entry, with every call's precision state recorded
+        def __getattr__(self, name):
+            return getattr(real, name)
+
+        def build(self, seed=0):
+            b = real.build(seed=seed)
+            call = b.call
+
+            def spy(model, inputs):
+                seen.append((torch.get_float32_matmul_precision(), torch.backends.mkldnn.matmul.fp32_precision,
+                             torch.backends.mkldnn.enabled))
+                return call(model, inputs)
+
+            return dataclasses.replace(b, call=spy)
+
+    entry = Spy()
+    before = torch.get_float32_matmul_precision()
+    torch._C._set_float32_matmul_precision("medium")
+    try:
+        events = []
+        run_entry(entry, ("eager",), cpu_opts, get_device("cpu"), lambda k, p: events.append((k, p)))
+        assert torch.get_float32_matmul_precision() == "medium"
+    finally:
+        torch._C._set_float32_matmul_precision(before)
+    assert [p["status"] for k, p in events if k == "row"] == ["pass"]
+    baseline, reference, backend = seen[0], seen[1], seen[-1]
+    assert baseline == ("highest", "ieee", False) and reference == ("highest", "ieee", False)
+    assert backend[0] == "medium"  # the backend's run is the process's business
+
