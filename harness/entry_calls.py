@@ -9,7 +9,7 @@ import copy
 from collections.abc import Callable
 from typing import Any
 
-from harness.sweep import errors
+from harness.core import errors
 
 
 def output_tensors(output: Any) -> dict:

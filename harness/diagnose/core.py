@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 
+from harness.core import errors
 from harness.diagnose import compiled as C
 from harness.diagnose import repro as R
 from harness.diagnose.modules import ModuleRecorder, first_divergence, named_modules
@@ -52,7 +53,7 @@ from harness.entry_calls import (
     prepare_model,
     to_cpu,
 )
-from harness.sweep import emulate, errors, numerics
+from harness.sweep import emulate, numerics
 
 FAILING = ("fail_accuracy", "fail_to_run", "compile_fail")
 

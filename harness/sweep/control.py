@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from harness.core import errors
 from harness.entry_calls import compile_call, output_tensors, prepare_inputs, prepare_model
-from harness.sweep import errors
 
 CONTROLLED = ("compile_fail", "fail_to_run")
 CAUSES = ("backend", "upstream")

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from importlib import metadata
 
+from harness.core import errors
 from harness.entry_calls import (  # noqa: F401  (re-exported: repro scripts written earlier import them here)
     compile_call,
     during_compile,
@@ -24,7 +25,7 @@ from harness.entry_calls import (  # noqa: F401  (re-exported: repro scripts wri
     to_cpu,
 )
 from harness.schema import SCHEMA_VERSION
-from harness.sweep import control, draws, emulate, errors, informative, numerics, perf, ties, train
+from harness.sweep import control, draws, emulate, informative, numerics, perf, ties, train
 from harness.sweep.device import Device, backend_phase
 from harness.sweep.options import SweepOptions
 from hf_tpu.precision import cpu_reference

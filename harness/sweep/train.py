@@ -23,8 +23,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from harness.core import errors
 from harness.entry_calls import compile_call, failure_status, output_tensors, prepare_inputs, prepare_model
-from harness.sweep import draws, errors, numerics, perf
+from harness.sweep import draws, numerics, perf
 
 LR = 1e-4  # small: Adam's update is ~lr per element whatever the gradient, so weights stay comparable
 # A float64 gradient this many times smaller than the float32 one is zero in exact arithmetic: float64's

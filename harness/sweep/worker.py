@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass, field, replace
 from multiprocessing.connection import Connection
 
-from harness.sweep import errors
+from harness.core import errors
 from harness.sweep.options import SweepOptions, worker_threads
 
 POLL_S = 0.05

@@ -10,7 +10,7 @@ import os
 import re
 from typing import Any
 
-from harness.sweep.errors import _OP_RE, normalise
+from harness.core.errors import _OP_RE, normalise
 
 ENV = "HF_TPU_UPSTREAM_RECORDS"
 _TYPE_RE = re.compile(r"^([A-Za-z_][\w.]*)(?::|$)")

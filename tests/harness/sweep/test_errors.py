@@ -1,6 +1,6 @@
 import torch
 
-from harness.sweep import errors
+from harness.core import errors
 
 
 def test_failing_op_from_attribute_message_and_chain():
