@@ -170,6 +170,7 @@ class Mask:
 
     masks: list[tuple[int, list[int], str]]  # (argument position, dims, fill)
     rescale: list[int] = field(default_factory=list)  # for mean: the reduced dynamic dims of argument 0
+    factors: dict[tuple[int, int], tuple[Any, ...]] = field(default_factory=dict)  # (arg, dim) -> merged factors
 
 
 def _reduced_dims(node: torch.fx.Node, pos: int | None, rank: int) -> list[int]:
@@ -308,19 +309,28 @@ def _rule(node: torch.fx.Node) -> Mask | None | str:
     return f"{t} has no bounded-dynamism rule"
 
 
-def _check_symint_uses(gm: torch.fx.GraphModule) -> str | None:
-    """A dynamic size may be a shape inside the program (it is the bucket's bound there), never a value:
-    `x * n` or `x / n` would compute with the bound instead of the real size."""
+def _symint_uses(gm: torch.fx.GraphModule) -> dict[torch.fx.Node, list[int]]:
+    """A dynamic size is a shape inside the program (the bucket's bound there); where a pointwise op takes it
+    as a value (`x / n`: a mean's backward), that argument gets the real size, traced. Returns those
+    (node -> argument positions); raises Unsupported for any other use."""
+    values: dict[torch.fx.Node, list[int]] = {}
     for n in gm.graph.nodes:
         if not isinstance(n.meta.get("val"), torch.SymInt | torch.SymBool) or not _is_dyn(n.meta["val"]):
             continue
         for user in n.users:
             if user.op == "output" or user.target in _SIZE_CONSUMERS or user.target in _SYM_ARITH:
                 if user.target is aten.slice.Tensor and n in user.args[:3]:
-                    return f"{user.target} starts or slices by the dynamic size"
+                    raise Unsupported(f"{user.target} starts or slices by the dynamic size")
                 continue
-            return f"{user.target} uses the dynamic size as a value"
-    return None
+            t = user.target
+            if isinstance(t, torch._ops.OpOverload) and (torch.Tag.pointwise in t.tags
+                                                          or t is aten.scalar_tensor.default):
+                if n in user.kwargs.values() or isinstance(n.meta["val"], torch.SymBool):
+                    raise Unsupported(f"{t} takes the dynamic size as a keyword")
+                values.setdefault(user, []).extend(i for i, a in enumerate(user.args) if a is n)
+                continue
+            raise Unsupported(f"{t} uses the dynamic size as a value")
+    return values
 
 
 _VIEWS = {aten.view.default, aten._unsafe_view.default, aten.reshape.default}
@@ -328,7 +338,7 @@ _SAME = {aten.clone.default, aten.alias.default, aten._to_copy.default, aten.det
          aten.contiguous.default, aten.lift_fresh_copy.default}
 
 
-def _factored_rule(n: torch.fx.Node, factors: dict[torch.fx.Node, Factors]) -> Factors | str:
+def _factored_rule(n: torch.fx.Node, factors: dict[torch.fx.Node, Factors]) -> Factors | str | tuple[Factors, Mask]:
     """The factors of `n`'s output when an input's dynamic dimension is merged with another (a view did
     that); only ops that keep every position's meaning may see such a tensor."""
     t, val = n.target, n.meta.get("val")
@@ -352,11 +362,17 @@ def _factored_rule(n: torch.fx.Node, factors: dict[torch.fx.Node, Factors]) -> F
         off = _MATMUL[t]
         a, b = n.args[off], n.args[off + 1]
         fa, fb = factors.get(a, _clean(a.meta["val"])), factors.get(b, _clean(b.meta["val"]))
-        if not _is_clean([fa[-1]]) or not _is_clean(fb[:-1]) or _is_dyn(a.meta["val"].shape[-1]):
-            return f"{t} contracts over a merged dynamic dimension"
-        if off and factors.get(n.args[0]) is not None:
-            return f"{t} adds a merged dynamic tensor"
-        return fa[:-1] + fb[-1:]
+        ca, cb = fa[-1], fb[-2]
+        if off and factors.get(n.args[0]) is not None or not _is_clean(fb[:-2]):
+            return f"{t} adds or batches a merged dynamic tensor"
+        if not any(map(_is_dyn, ca + cb)):
+            return fa[:-1] + fb[-1:]
+        if ca != cb or sum(map(_is_dyn, ca)) != 1:
+            return f"{t} contracts over dynamic dimensions merged differently"
+        # a weight gradient: the contraction runs over the batch merged with the sequence; padded rows masked
+        da, db = a.meta["val"].dim() - 1, b.meta["val"].dim() - 2
+        return fa[:-1] + fb[-1:], Mask([(off, [da], "zero"), (off + 1, [db], "zero")],
+                                       factors={(off, da): ca, (off + 1, db): cb})
     if isinstance(t, torch._ops.OpOverload) and torch.Tag.pointwise in t.tags and isinstance(val, torch.Tensor):
         out: Factors = _clean(val)
         nd = val.dim()
@@ -379,21 +395,23 @@ def _factored_rule(n: torch.fx.Node, factors: dict[torch.fx.Node, Factors]) -> F
     return f"{t} on a dynamic dimension merged with another by a view"
 
 
-def graph_plan(gm: torch.fx.GraphModule) -> dict[torch.fx.Node, Mask]:
-    """The masks a padded run of `gm` needs; raises Unsupported naming the op that cannot be padded."""
-    reason = _check_symint_uses(gm)
-    if reason:
-        raise Unsupported(reason)
+@dataclass
+class Plan:
+    masks: dict[torch.fx.Node, Mask]  # ops whose inputs' padded positions are masked first
+    values: dict[torch.fx.Node, list[int]]  # ops taking a dynamic size as a value: those arguments get the real one
+    out_factors: dict[int, Factors]  # outputs (by leaf index) whose dynamic dimension a view merged with another
+
+
+def graph_plan(gm: torch.fx.GraphModule) -> Plan:
+    """What a padded run of `gm` needs; raises Unsupported naming the op that cannot be padded."""
+    values = _symint_uses(gm)
     masks: dict[torch.fx.Node, Mask] = {}
     factors: dict[torch.fx.Node, Factors] = {}  # only the tensors with a merged dynamic dimension
+    out_factors: dict[int, Factors] = {}
     for n in gm.graph.nodes:
-        if n.op == "output":
-            bad = [a for a in torch.fx.node.map_aggregate(n.args[0], lambda a: a) if False]
-            for leaf in torch.utils._pytree.tree_leaves(n.args[0]):
-                if isinstance(leaf, torch.fx.Node) and leaf in factors:
-                    bad.append(leaf)
-            if bad:
-                raise Unsupported(f"output {bad[0].name} has its dynamic dimension merged with another")
+        if n.op == "output":  # a merged output is sliced factor by factor (PaddedGraph.unpad)
+            out_factors = {i: factors[leaf] for i, leaf in enumerate(torch.utils._pytree.tree_leaves(n.args[0]))
+                           if isinstance(leaf, torch.fx.Node) and leaf in factors}
             continue
         if n.op != "call_function":
             continue
@@ -411,6 +429,8 @@ def graph_plan(gm: torch.fx.GraphModule) -> dict[torch.fx.Node, Mask]:
             r = _factored_rule(n, factors)
             if isinstance(r, str):
                 raise Unsupported(f"{r} ({n.name})")
+            if isinstance(r, tuple):
+                r, masks[n] = r
             if not _is_clean(r):
                 factors[n] = r
             continue
@@ -419,7 +439,7 @@ def graph_plan(gm: torch.fx.GraphModule) -> dict[torch.fx.Node, Mask]:
             raise Unsupported(f"{r} ({n.name}: {[a.meta.get('val') for a in ins]} -> {n.meta.get('val')})")
         if r is not None:
             masks[n] = r
-    return masks
+    return Plan(masks, values, out_factors)
 
 
 # -------------------------------------------------------------------------------- masking in the program
@@ -441,18 +461,39 @@ def _fill_value(fill: str, dtype: Any) -> Any:
 
 
 def _real(shape_exprs: Sequence[Any], padded_shape: Sequence[int], dims: Sequence[int],
-          env: dict[Any, Any]) -> Any:
-    """Boolean array broadcastable to the padded shape: True at real positions along `dims`."""
+          env: dict[Any, Any], factors: dict[int, tuple[Any, ...]] | None = None) -> Any:
+    """Boolean array broadcastable to the padded shape: True at real positions along `dims`. A dimension
+    made of factors (a batch merged with the sequence) is real where its dynamic factor's index is."""
     import jax.numpy as jnp
 
     mask = None
     for d in dims:
-        size = evaluate(shape_exprs[d], env)
         shape = [1] * len(padded_shape)
         shape[d] = padded_shape[d]
-        m = jnp.arange(padded_shape[d]).reshape(shape) < size
+        idx = jnp.arange(padded_shape[d])
+        f = (factors or {}).get(d)
+        if f is not None and len(f) > 1:
+            k = next(i for i, x in enumerate(f) if _is_dyn(x))
+            inner = math.prod(int(x) for x in f[k + 1:])
+            padded_dyn = padded_shape[d] // math.prod(int(x) for x in f if not _is_dyn(x))
+            m = ((idx // inner) % padded_dyn).reshape(shape) < evaluate(f[k], env)
+        else:
+            m = idx.reshape(shape) < evaluate(shape_exprs[d], env)
         mask = m if mask is None else mask & m
     return mask
+
+
+def real_values(fn: Callable[..., Any], node: torch.fx.Node, positions: list[int],
+                env: Callable[[], dict[Any, Any]]) -> Callable[..., Any]:
+    """`fn` with the dynamic sizes it takes as values (at `positions`) replaced by the real ones, traced."""
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        args = list(args)
+        for i in positions:
+            args[i] = evaluate(_expr(node.args[i].meta["val"]), env())
+        return fn(*args, **kwargs)
+
+    return call
 
 
 def masked(fn: Callable[..., Any], node: torch.fx.Node, spec: Mask,
@@ -466,7 +507,8 @@ def masked(fn: Callable[..., Any], node: torch.fx.Node, spec: Mask,
         for pos, dims, fill in spec.masks:
             x = args[pos]
             exprs = [_expr(s) for s in node.args[pos].meta["val"].shape]
-            args[pos] = jnp.where(_real(exprs, x.shape, dims, sizes), x, _fill_value(fill, x.dtype))
+            fac = {d: f for (p, d), f in spec.factors.items() if p == pos}
+            args[pos] = jnp.where(_real(exprs, x.shape, dims, sizes, fac), x, _fill_value(fill, x.dtype))
         out = fn(*args, **kwargs)
         if spec.rescale:
             x = args[0]
@@ -491,7 +533,8 @@ class PaddedGraph:
         from torch.utils import _pytree as pytree
         from torch.utils._sympy.numbers import int_oo
 
-        self.masks = graph_plan(gm)
+        self.plan = graph_plan(gm)
+        self.masks = self.plan.masks
         self.locate: dict[Any, tuple[int, int | None]] = {}
         self.arg_exprs: list[Any] = []
         shape_env = None
@@ -551,6 +594,14 @@ class PaddedGraph:
     def env(self) -> dict[Any, Any]:
         return self.sizes
 
+    def wrap_node(self, node: torch.fx.Node, fn: Callable[..., Any]) -> Callable[..., Any]:
+        """A node's lowering with real sizes for its size values and masks on its inputs' padded positions."""
+        if node in self.plan.values:
+            fn = real_values(fn, node, self.plan.values[node], self.env)
+        if node in self.plan.masks:
+            fn = masked(fn, node, self.plan.masks[node], self.env)
+        return fn
+
     def wrap(self, run: Callable[..., Any]) -> Callable[..., Any]:
         """The program: real sizes first (traced: any size in the bucket reuses it), then the graph's inputs."""
 
@@ -580,14 +631,27 @@ class PaddedGraph:
             elif e is not None and not isinstance(e, list) and _is_dyn(e):
                 a = evaluate(e, ups)
             out.append(a)
-        return out, jnp.array([values[s] for s in self.symbols], jnp.int32), values
+        return out, jnp.array([values[s] for s in self.symbols], jnp.int32), (values, ups)
 
-    def unpad(self, leaves: list[Any], values: dict[Any, int]) -> list[Any]:
+    def unpad(self, leaves: list[Any], call: tuple[dict[Any, int], dict[Any, int]]) -> list[Any]:
+        values, ups = call
         res = []
-        for x, e in zip(leaves, self.out_exprs + [None] * (len(leaves) - len(self.out_exprs)), strict=False):
-            if isinstance(e, list) and any(_is_dyn(s) for s in e) and hasattr(x, "shape"):
+        for i, (x, e) in enumerate(zip(leaves, self.out_exprs + [None] * (len(leaves) - len(self.out_exprs)),
+                                       strict=False)):
+            if i in self.plan.out_factors and hasattr(x, "shape"):
+                x = _unpad_factored(x, self.plan.out_factors[i], values, ups)
+            elif isinstance(e, list) and any(_is_dyn(s) for s in e) and hasattr(x, "shape"):
                 x = x[tuple(slice(0, evaluate(s, values)) for s in e)]
             elif e is not None and not isinstance(e, list) and _is_dyn(e):
                 x = evaluate(e, values)
             res.append(x)
         return res
+
+
+def _unpad_factored(x: Any, factors: Factors, values: dict[Any, int], ups: dict[Any, int]) -> Any:
+    """A padded output whose dimensions are made of factors (a batch merged with the sequence): split each
+    dimension into its factors at the bucket's bound, slice the dynamic ones to the real sizes, merge back."""
+    split = [evaluate(f, ups) for dim in factors for f in (dim or (1,))]
+    x = x.reshape(split)
+    x = x[tuple(slice(0, evaluate(f, values)) for dim in factors for f in (dim or (1,)))]
+    return x.reshape([math.prod((evaluate(f, values) for f in dim), start=1) for dim in factors])

@@ -184,15 +184,14 @@ def _padded_plan(gm: torch.fx.GraphModule, example_inputs: list[Any], options: d
 def compile_graph(gm: torch.fx.GraphModule, example_inputs: list[Any], options: dict[str, Any] | None = None
                   ) -> Callable[..., Any]:
     """`options`: TorchTPU's compile options (compile_options.py); the bucket ones shape bounded dynamism."""
-    from hf_tpu import bounded, runtime
+    from hf_tpu import runtime
 
     jax = runtime.jax()  # installs the persistent-cache listener (counters.py) too
     plan = _padded_plan(gm, example_inputs, options)
     if plan is None:
         fn = to_jax_function(gm)
     else:  # one program per bucket: the real sizes are its first (traced) argument
-        fn = plan.wrap(to_jax_function(gm, lambda n, f: bounded.masked(f, n, plan.masks[n], plan.env)
-                                       if n in plan.masks else f))
+        fn = plan.wrap(to_jax_function(gm, plan.wrap_node))
         counters.bump("padded_graphs")
     static = tuple(i + (plan is not None) for i, ex in enumerate(example_inputs) if not isinstance(ex, torch.Tensor))
     # the output node itself has no "val": its arguments (the returned nodes) do
