@@ -64,7 +64,6 @@ KNOWN_UPWARD: set[tuple[str, str]] = {
     ("harness.sweep.outputs", "harness.ci.coverage"),
     ("harness.sweep.runner", "harness.diagnose"),
     ("harness.ci.dashboard", "harness.upstream.table"),
-    ("harness.zoo.norm_calibration", "harness.sweep.informative"),
 }
 
 

@@ -15,23 +15,10 @@ from typing import Any
 
 import torch
 
+from harness.core.tensors import tensor_problem  # noqa: F401 - re-exported
+
 PERTURB_SCALE = 0.5  # floating inputs move by half their own std: a large, in-distribution change
 ID_SUFFIXES = ("input_ids",)  # integer inputs that are safe to permute (token order changes, vocabulary kept)
-
-
-def tensor_problem(t: torch.Tensor) -> str:
-    """'' when `t` can carry information, else why not: zeros, constant, not finite."""
-    if t.numel() == 0:
-        return ""
-    x = t.detach()
-    if not bool(torch.isfinite(x).all()):
-        return "not finite"
-    if not bool(x.any()):
-        return "all zeros"
-    flat = x.flatten()
-    if t.numel() > 1 and bool((flat == flat[0]).all()):
-        return "constant"
-    return ""
 
 
 def perturb_inputs(inputs: dict, seed: int = 0) -> dict | None:

@@ -52,7 +52,7 @@ def batch_norms(module: torch.nn.Module) -> list[torch.nn.Module]:
 
 def dead(outputs: dict[str, torch.Tensor]) -> str:
     """'' when some floating output carries signal, else why none does (all zeros, constant, vanishing)."""
-    from harness.sweep.informative import tensor_problem
+    from harness.core.tensors import tensor_problem
 
     why = []
     floating = {k: t for k, t in outputs.items() if t.is_floating_point() and t.numel() > 0}
