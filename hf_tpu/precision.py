@@ -76,16 +76,24 @@ def cpu_reference() -> Iterator[None]:
     # torch's C setter, not torch.set_float32_matmul_precision: hf-tpu's tracking setter would record a
     # user choice for tpu
     torch._C._set_float32_matmul_precision("highest")
-    for path in saved:
-        _switch(path).fp32_precision = "ieee"
+    # inside torch.backends' own permission block, as its flags() managers set them: a process that imported
+    # torch.testing._internal.common_utils (OpInfo, autocast test lists) has global flag setting disabled
+    with _backends_mutable():
+        for path in saved:
+            _switch(path).fp32_precision = "ieee"
     torch._C._set_mkldnn_enabled(False)  # the C setter: torch.backends.mkldnn.flags() also resets TF32 flags
     try:
         yield
     finally:
         torch._C._set_mkldnn_enabled(mkldnn)
         torch._C._set_float32_matmul_precision(legacy)
-        for path, value in saved.items():
-            _switch(path).fp32_precision = value
+        with _backends_mutable():
+            for path, value in saved.items():
+                _switch(path).fp32_precision = value
+
+
+def _backends_mutable() -> Any:
+    return getattr(torch.backends, "__allow_nonbracketed_mutation")()
 
 
 _forced = threading.local()

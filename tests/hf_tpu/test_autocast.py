@@ -10,11 +10,11 @@ import pytest
 import torch
 import torch.nn as nn
 from torch._subclasses.fake_tensor import FakeTensorMode
-from torch.testing._internal.autocast_test_lists import AutocastTestLists
 from torch.utils import _pytree as pytree
 
 import hf_tpu  # noqa: F401  (registers `tpu`)
 from hf_tpu import autocast
+from hf_tpu.precision import cpu_reference
 
 LOW = (torch.bfloat16, torch.float16)
 TOL = {torch.bfloat16: dict(rtol=2e-2, atol=2e-2), torch.float16: dict(rtol=3e-3, atol=3e-3),
@@ -31,6 +31,8 @@ def test_table_is_cudas() -> None:
 
 
 def _samples() -> list[tuple[str, tuple, dict]]:
+    from torch.testing._internal.autocast_test_lists import AutocastTestLists  # imports common_utils: conftest.py
+
     lists = AutocastTestLists(torch.device("cpu"))
     out = []
     for group in GROUPS:
@@ -110,13 +112,15 @@ def test_ops_follow_cuda_policy_with_cpu_values(dtype: torch.dtype, group: str, 
         if [o.dtype for o in leaves] != want:
             failures.append(f"{name}: tpu gave {[o.dtype for o in leaves]}, CUDA's autocast {want}")
             continue
-        # CPU's values: the op with its floating inputs in the dtype it ran in (what the policy cast them to)
+        # CPU's values in float32 from the inputs rounded to the dtype the op ran in (what the policy cast them
+        # to): CPU's own 16-bit kernels without oneDNN accumulate in 16 bits (conv_transpose3d was off by 9)
         run_in = want[0]
         if not run_in.is_floating_point:
             continue
         cargs, ckwargs = pytree.tree_map_only(
-            torch.Tensor, lambda t: t.to(run_in) if t.is_floating_point() else t, (args, kwargs))
-        ref = [o for o in pytree.tree_leaves(fn(*cargs, **ckwargs)) if isinstance(o, torch.Tensor)]
+            torch.Tensor, lambda t: t.to(run_in).float() if t.is_floating_point() else t, (args, kwargs))
+        with cpu_reference():
+            ref = [o for o in pytree.tree_leaves(fn(*cargs, **ckwargs)) if isinstance(o, torch.Tensor)]
         for r, o in zip(ref, leaves, strict=True):
             # relative to the result's scale: a 16-bit product summed in another order differs by its rounding
             err = (o.cpu().float() - r.float()).nan_to_num().abs().max()
@@ -176,7 +180,8 @@ def _train_steps(dev: str, dtype: torch.dtype, compiled: bool = False, steps: in
 
 @pytest.mark.parametrize("dtype", LOW, ids=str)
 def test_model_trains_under_autocast_as_on_cpu(dtype: torch.dtype, highest) -> None:
-    cpu_losses, cpu_state = _train_steps("cpu", dtype)
+    with cpu_reference():
+        cpu_losses, cpu_state = _train_steps("cpu", dtype)
     tpu_losses, tpu_state = _train_steps("tpu", dtype)
     # CPU's autocast lists differ from CUDA's (softmax and layer_norm stay low there), so agreement is to
     # the low precision's rounding
@@ -224,7 +229,8 @@ def test_grad_scaler_float16_as_on_cpu() -> None:
             scales.append(scaler.get_scale())
         return scales, m.weight.detach().cpu()
 
-    cpu_scales, cpu_w = run("cpu")
+    with cpu_reference():
+        cpu_scales, cpu_w = run("cpu")
     tpu_scales, tpu_w = run("tpu")
     assert tpu_scales == cpu_scales
     torch.testing.assert_close(tpu_w, cpu_w, **TOL[torch.float16])

@@ -14,6 +14,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import hf_tpu  # noqa: F401  (registers `tpu`)
 from hf_tpu import optim_lowerings
+from hf_tpu.precision import cpu_reference
 
 CASES = {
     "adamw": (torch.optim.AdamW, dict(lr=1e-2, weight_decay=0.1)),
@@ -53,7 +54,8 @@ def _train(dev: str, cls, kwargs: dict, mode: str, steps: int = 3) -> dict[str, 
 def test_fused_equals_foreach_on_cpu(case: str, highest) -> None:
     cls, kwargs = CASES[case]
     # capturable (step counts kept on the device) is CUDA's/tpu's: CPU's reference runs the same math without it
-    ref = _train("cpu", cls, {k: v for k, v in kwargs.items() if k != "capturable"}, "foreach")
+    with cpu_reference():
+        ref = _train("cpu", cls, {k: v for k, v in kwargs.items() if k != "capturable"}, "foreach")
     got = _train("tpu", cls, kwargs, "fused")
     assert got.keys() == ref.keys()
     for k, v in ref.items():
@@ -136,7 +138,8 @@ def test_grad_scaler_with_fused_adamw_as_on_cpu(highest) -> None:
             scales.append(scaler.get_scale())
         return scales, [p.detach().cpu() for p in model.parameters()]
 
-    cpu_scales, cpu_params = run("cpu")
+    with cpu_reference():
+        cpu_scales, cpu_params = run("cpu")
     tpu_scales, tpu_params = run("tpu")
     assert tpu_scales == cpu_scales
     for a, b in zip(tpu_params, cpu_params, strict=True):

@@ -157,6 +157,19 @@ torch.save(out, sys.argv[1])
 """
 
 
+def test_cpu_reference_after_pytorchs_test_utilities_are_imported() -> None:
+    """torch.testing._internal.common_utils (OpInfo, autocast test lists) forbids setting torch.backends flags
+    outside their flags() blocks when imported; the suite imports it, and every cpu_reference() after it
+    raised "not allowed to set torch.backends flags after disable_global_flags"."""
+    code = ("import torch, hf_tpu, torch.testing._internal.common_utils\n"
+            "from hf_tpu.precision import cpu_reference\n"
+            "with cpu_reference():\n    print(torch.backends.mkldnn.matmul.fp32_precision)\n"
+            "print(torch.backends.mkldnn.matmul.fp32_precision)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["ieee", "none"]
+
+
 def test_sweep_baseline_is_the_same_with_and_without_bf16_hardware(tmp_path) -> None:
     """The sweep's CPU baseline (emulate.matmul_precision) is one number on every host: computed with oneDNN
     free to use AMX/AVX512-BF16 (this host's best ISA) and with it capped at AVX2 (no bfloat16 instructions,

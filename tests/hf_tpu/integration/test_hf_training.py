@@ -9,6 +9,8 @@ import textwrap
 import pytest
 import torch
 
+from hf_tpu.precision import cpu_reference
+
 
 def _run(code: str, **env: str) -> subprocess.CompletedProcess:
     full_env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error", **env}
@@ -139,7 +141,8 @@ def _trainer_losses(kind: str, use_cpu: bool, tmp_path, **args) -> tuple[list[fl
 def test_trainer_trains_on_tpu_with_cpu_losses(kind, tmp_path, fresh_accelerate_state, highest):
     """Trainer(use_cpu=False) picks tpu (its DataLoader pins memory, its optimizer is fused AdamW by default)
     and logs CPU's losses."""
-    want, where, _ = _trainer_losses(kind, True, tmp_path)
+    with cpu_reference():
+        want, where, _ = _trainer_losses(kind, True, tmp_path)
     assert where == "cpu"
     got, where, _ = _trainer_losses(kind, False, tmp_path)
     assert where == "tpu"
@@ -147,7 +150,8 @@ def test_trainer_trains_on_tpu_with_cpu_losses(kind, tmp_path, fresh_accelerate_
 
 
 def test_trainer_bf16_autocast_on_tpu_as_on_cpu(tmp_path, fresh_accelerate_state, highest):
-    want, _, _ = _trainer_losses("llama", True, tmp_path, bf16=True)
+    with cpu_reference():
+        want, _, _ = _trainer_losses("llama", True, tmp_path, bf16=True)
     got, where, _ = _trainer_losses("llama", False, tmp_path, bf16=True)
     assert where == "tpu"
     assert got == pytest.approx(want, rel=2e-3)  # bfloat16 rounding (CPU's autocast lists are not CUDA's)
@@ -189,7 +193,9 @@ def _lora_losses(device: str, compiled: bool = False) -> list[float]:
 
 @pytest.mark.parametrize("compiled", [False, pytest.param(True, marks=pytest.mark.slow)])
 def test_peft_lora_trains_on_tpu_as_on_cpu(compiled, highest):
-    assert _lora_losses("tpu", compiled) == pytest.approx(_lora_losses("cpu"), rel=1e-4)
+    with cpu_reference():
+        want = _lora_losses("cpu")
+    assert _lora_losses("tpu", compiled) == pytest.approx(want, rel=1e-4)
 
 
 @pytest.mark.slow
@@ -218,4 +224,6 @@ def test_compiled_training_step_with_dropout(highest):
 
     dropped = losses("tpu", 0.5, True)
     assert all(math.isfinite(v) for v in dropped)
-    assert losses("tpu", 0.0, True) == pytest.approx(losses("cpu", 0.0, False), rel=1e-4)
+    with cpu_reference():
+        want = losses("cpu", 0.0, False)
+    assert losses("tpu", 0.0, True) == pytest.approx(want, rel=1e-4)
