@@ -11,7 +11,7 @@ def _backends_flags_settable() -> None:
     """PyTorch's test utilities (torch.testing._internal.common_utils, imported for OpInfo and the autocast
     test lists) forbid setting torch.backends flags for the rest of the process when imported; tests here set
     them (test_precision.py), whichever test imported the utilities first."""
-    setattr(torch.backends, "__allow_nonbracketed_mutation_flag", True)
+    torch.backends.flags_frozen.__globals__["__allow_nonbracketed_mutation_flag"] = True
 
 
 @pytest.fixture
