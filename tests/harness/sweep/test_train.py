@@ -19,7 +19,9 @@ def _train_rows(kind, tmp_path, modes=("eager",)):
 
 
 def test_train_row_passes_with_performance_columns(tmp_path):
-    row = _train_rows("pass", tmp_path)["eager"]
+    rows = _train_rows("pass", tmp_path, modes=("eager", "fused"))
+    assert rows["fused"]["status"] == "pass", rows["fused"]  # deferred-and-fused eager trains as Strict does
+    row = rows["eager"]
     assert row["status"] == "pass", row
     assert row["optimizer"].startswith("AdamW")
     assert row["first_run_s"] > 0 and row["peak_rss_mb"] > 0 and row["warmup_steps"] is not None
