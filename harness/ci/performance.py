@@ -86,6 +86,9 @@ def slowest(df: pd.DataFrame, n: int = SLOWEST) -> pd.DataFrame:
 
 def performance_markdown(df: pd.DataFrame, n: int = SLOWEST) -> str:
     """The performance section of coverage.md: medians per phase/mode and the n slowest rows."""
+
+    def fmt(v) -> str:  # MiB and long runs as whole numbers, not 2.46e+03
+        return f"{v:.0f}" if pd.notna(v) and abs(v) >= 1000 else fmt_num(v)
     med = medians(df)
     lines = ["## Performance", "",
              "TorchTPU's per-model figures, over the rows that ran to the end (pass, fail_accuracy): first step "
@@ -97,7 +100,7 @@ def performance_markdown(df: pd.DataFrame, n: int = SLOWEST) -> str:
     lines += ["| phase/mode | rows | " + " | ".join(f"median {h}" for _, h in FIGURES) + " | recompiles |",
               "|---|---:|" + "---:|" * len(FIGURES) + "---:|"]
     for _, r in med.iterrows():
-        lines.append(f"| {r['where']} | {r['rows']} | " + " | ".join(fmt_num(r[c]) for c, _ in FIGURES)
+        lines.append(f"| {r['where']} | {r['rows']} | " + " | ".join(fmt(r[c]) for c, _ in FIGURES)
                      + f" | {r['recompiles']} |")
     sl = slowest(df, n)
     lines += ["", f"### Slowest rows (top {len(sl)}, by wall time)", "",
@@ -106,5 +109,5 @@ def performance_markdown(df: pd.DataFrame, n: int = SLOWEST) -> str:
     for _, r in sl.iterrows():
         steps = "" if pd.isna(r["warmup_steps"]) else str(int(r["warmup_steps"]))
         lines.append(f"| `{r['entry_id']}` | {r['where']} | {r['status']} | "
-                     + " | ".join(fmt_num(r[c]) for c, _ in FIGURES) + f" | {steps} | {md_cell(r['recompiles'])} |")
+                     + " | ".join(fmt(r[c]) for c, _ in FIGURES) + f" | {steps} | {md_cell(r['recompiles'])} |")
     return "\n".join(lines) + "\n"
