@@ -150,7 +150,9 @@ def to_jax_function(gm: torch.fx.GraphModule,
                         want = dtypes.to_jax(val.dtype)
                         if res.dtype != want:
                             res = res.astype(want)
-                        if tuple(res.shape) != tuple(val.shape) and res.size == val.numel():
+                        # (not with symbolic sizes: int() of one is the traced hint, not the padded bound)
+                        if not any(isinstance(d, torch.SymInt) for d in val.shape) and \
+                                tuple(res.shape) != tuple(val.shape) and res.size == val.numel():
                             res = jnp.reshape(res, tuple(val.shape))
                     env[n] = res
                 else:  # operator.getitem, SymInt arithmetic

@@ -177,3 +177,18 @@ def test_training_with_marked_lengths_gives_cpu_gradients(highest) -> None:
             torch.testing.assert_close(p.grad.cpu(), q.grad, rtol=1e-4, atol=1e-4, msg=name)
             p.grad = q.grad = None
     assert C.stats()["padded_graphs"] >= 1
+
+
+def test_an_empty_slice_keeps_the_padded_length(highest) -> None:
+    # GPT-NeoX-Japanese's rotary split: x[..., 16:] of a 16-wide head is empty; its traced shape holds the
+    # symbolic length, whose hint must not become the program's length
+    def rotary_split(x):
+        return torch.cat([x[..., :16] * 2, x[..., 16:]], dim=-1)
+
+    torch._dynamo.reset()
+    compiled = torch.compile(rotary_split, backend="tpu")
+    for n in (2, 5, 7):
+        x = torch.randn(2, n, 16)
+        xt = x.to("tpu")
+        torch._dynamo.mark_dynamic(xt, 1, min=2, max=16)
+        torch.testing.assert_close(compiled(xt).cpu(), rotary_split(x))
