@@ -57,12 +57,18 @@ print(json.dumps({"mode": mode, "first_s": times[0], "median_s": statistics.medi
 """
 
 
-def run_one(mode: str, args: argparse.Namespace) -> dict:
+def run_one(mode: str, args: argparse.Namespace) -> dict | None:
+    """The child's figures, or None when it failed (reported, and the other modes still run: on a shared
+    machine a mode can be killed for memory another process holds)."""
     payload = json.dumps([mode, args.batch, args.seq, args.warmup, args.steps, args.tiny])
     proc = subprocess.run([sys.executable, "-c", CHILD, payload], capture_output=True, text=True,
                           env={**os.environ, "TRANSFORMERS_VERBOSITY": "error"})
     if proc.returncode != 0:
-        raise RuntimeError(f"{mode} failed:\n{proc.stderr[-3000:]}")
+        why = (f"killed by signal {-proc.returncode}" + (" (SIGKILL: the kernel's out-of-memory killer?)"
+                                                          if proc.returncode == -9 else "")
+               if proc.returncode < 0 else f"exit status {proc.returncode}")
+        print(f"{mode} failed, {why}:\n{proc.stderr[-2000:]}", file=sys.stderr, flush=True)
+        return None
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
@@ -81,9 +87,15 @@ def main() -> None:
     for r in range(args.rounds):
         for mode in modes:
             res = run_one(mode, args)
+            if res is None:
+                continue
             results[mode].append(res)
             print(f"round {r + 1} {mode}: {res['median_s']:.3f} s/step (first {res['first_s']:.1f} s), "
                   f"peak RSS {res['peak_rss_gb']:.2f} GB", file=sys.stderr, flush=True)
+    failed = [m for m in modes if not results[m]]
+    modes = [m for m in modes if results[m]]
+    if not modes:
+        sys.exit("every mode failed")
     size = "tiny GPT-2" if args.tiny else "GPT-2"
     params = results[modes[0]][0]["params_m"]
     print(f"\nFine-tuning step, {size} ({params:.1f}M params), batch {args.batch} x {args.seq}, AdamW(fused=True), "
@@ -91,7 +103,7 @@ def main() -> None:
           f"process(es) per mode\n")
     print("| mode | step s (median) | spread (min-max) | first step s | peak RSS GB | vs CPU time | vs CPU RSS |")
     print("|---|---|---|---|---|---|---|")
-    base = results.get("cpu")
+    base = results.get("cpu") or None
     base_t = statistics.median(r["median_s"] for r in base) if base else None
     base_m = statistics.median(r["peak_rss_gb"] for r in base) if base else None
     for mode in modes:
@@ -103,6 +115,8 @@ def main() -> None:
         vt = f"{t / base_t:.2f}x" if base_t else "-"
         vm = f"{m / base_m:.2f}x" if base_m else "-"
         print(f"| {mode} | {t:.3f} | {lo:.3f}-{hi:.3f} | {first:.1f} | {m:.2f} | {vt} | {vm} |")
+    for mode in failed:
+        print(f"| {mode} | failed (see stderr) | | | | | |")
     if base:
         cpu_loss = base[0]["losses"]
         for mode in modes:
