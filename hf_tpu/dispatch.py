@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
-from hf_tpu import (backward_lowerings, decomposed, dtypes, fused, lowering, op_jit, optim_lowerings, plans,
+from hf_tpu import (backward_lowerings, decomposed, dtypes, float8, fused, lowering, op_jit, optim_lowerings, plans,
                     precision, serialization)
 from hf_tpu import tensor as T
 from hf_tpu.errors import TpuOpError  # noqa: F401 - re-exported: callers catch dispatch.TpuOpError
@@ -189,7 +189,7 @@ def _wrap_one(x: Any, dt: torch.dtype | None) -> torch.Tensor:
     if dt is not None:
         want = dtypes.to_jax(dt)
         if want != x.dtype:
-            x = x.astype(want)
+            x = float8.cast(x, want)
     if launch_blocking():
         plans.block(x)
     return T.wrap(x, dt)
@@ -234,6 +234,12 @@ def _cpu_fallback(op: Any, args: tuple, kwargs: dict) -> Any:
     with _lock:
         _fallback_counts[lowering.op_name(op)] += 1
     return pytree.tree_map_only(torch.Tensor, lambda t: T.wrap(T.from_cpu(t), t.dtype), res)
+
+
+# float8 operands these ops take as they are: conversions (which give CPU's bits themselves), bit views, and
+# _scaled_mm (float8.py, which checks its operands are float8).
+_FLOAT8_AS_IS = frozenset({aten._to_copy.default, aten.view.dtype, aten.clone.default, aten.alias.default,
+                           aten.lift_fresh.default, aten._scaled_mm.default})
 
 
 def _integral_promotion(op: Any, args: tuple, kwargs: dict) -> Any:
@@ -309,9 +315,23 @@ def _run_functional(op: Any, args: tuple, kwargs: dict) -> tuple[Any, plans.Plan
         plannable = not any(type(x) is T.Operand for x in _leaves(jargs, jkwargs))
         jargs, jkwargs = op_jit.materialise(jargs, jkwargs)
         jargs, jkwargs = _map(lambda x: x.astype(promote_to) if plans.is_array(x) else x, jargs, jkwargs)
+    narrow_to = None
+    if promote_to is None and op not in _FLOAT8_AS_IS:
+        narrow_to = next((x.dtype for x in _leaves(args, kwargs)
+                          if isinstance(x, torch.Tensor) and x.dtype in float8.DTYPES), None)
+    if narrow_to is not None:
+        # CPU computes float8 ops in float32 and rounds once (float8.py); the outputs are cast back to PyTorch's
+        # dtypes by _wrap_outputs. Not planned: a plan would hand the program the float8 buffers.
+        plannable = False
+        jargs, jkwargs = op_jit.materialise(jargs, jkwargs)
+        jargs, jkwargs = _map(float8.widen, jargs, jkwargs)
     try:
         res, program = op_jit.call_with_program(op, fn, jargs, jkwargs, precision.current(),
                                                 not lowering.is_random(op))
+        if narrow_to is not None and _meta_dtypes(op, args, kwargs) is None:  # data-dependent shapes
+            want = dtypes.to_jax(narrow_to)
+            res = pytree.tree_map(lambda r: float8.cast(r, want) if plans.is_array(r) and r.dtype.name == "float32"
+                                  else r, res)
     except (NotImplementedError, lowering.NoLowering):
         raise
     except Exception as exc:
@@ -336,7 +356,7 @@ def _zeros(size: Any, dtype: torch.dtype | None) -> torch.Tensor:
     dtype = dtypes.check(dtype or torch.get_default_dtype())
     shape = tuple(int(s) for s in size)
     jdt = dtypes.to_jax(dtype)
-    return T.wrap_lazy(shape, dtype, lambda: runtime.jax().numpy.zeros(shape, jdt))
+    return T.wrap_lazy(shape, dtype, lambda: float8.zeros(shape, jdt))
 
 
 def _empty(size: Any, *, dtype: Any = None, device: Any = None, **_: Any) -> torch.Tensor:
@@ -640,7 +660,7 @@ def _run_mutating(op: Any, args: tuple, kwargs: dict) -> Any:
             continue
         v = T.value(r) if isinstance(r, torch.Tensor) and r.device.type == "tpu" else r
         if tuple(o.shape) != tuple(getattr(v, "shape", ())) and o.numel() != getattr(v, "size", -1):
-            T.replace(o, v.astype(dtypes.to_jax(o.dtype)))
+            T.replace(o, float8.cast(v, dtypes.to_jax(o.dtype)))
         else:
             T.assign(o, v)
     return outs[0] if len(outs) == 1 else tuple(outs)

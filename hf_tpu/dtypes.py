@@ -22,6 +22,12 @@ _SUPPORTED = (
     torch.float64,
     torch.complex64,
     torch.complex128,
+    # float8 storage and the ops CPU has for it (float8.py: CPU's conversions and float32 compute)
+    torch.float8_e4m3fn,
+    torch.float8_e5m2,
+    torch.float8_e4m3fnuz,
+    torch.float8_e5m2fnuz,
+    torch.float8_e8m0fnu,
 )
 SUPPORTED_DTYPES = frozenset(_SUPPORTED)
 
@@ -58,6 +64,9 @@ def _tables() -> tuple[dict[torch.dtype, Any], dict[Any, torch.dtype]]:
         torch.complex64: jnp.complex64,
         torch.complex128: jnp.complex128,
     }
+    from hf_tpu import float8
+
+    t2j.update(float8.jax_dtypes())
     j2t = {jnp.dtype(v): k for k, v in t2j.items()}
     return {k: jnp.dtype(v) for k, v in t2j.items()}, j2t
 

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
-from hf_tpu import backward_lowerings, counters, dtypes, fused, lowering, precision, rng
+from hf_tpu import backward_lowerings, counters, dtypes, float8, fused, lowering, precision, rng
 from hf_tpu import tensor as T
 from hf_tpu.torchax_compat import load_op_table
 
@@ -149,7 +149,7 @@ def to_jax_function(gm: torch.fx.GraphModule,
                     if isinstance(val, torch.Tensor) and hasattr(res, "dtype"):
                         want = dtypes.to_jax(val.dtype)
                         if res.dtype != want:
-                            res = res.astype(want)
+                            res = float8.cast(res, want)
                         # (not with symbolic sizes: int() of one is the traced hint, not the padded bound)
                         if not any(isinstance(d, torch.SymInt) for d in val.shape) and \
                                 tuple(res.shape) != tuple(val.shape) and res.size == val.numel():

@@ -20,6 +20,7 @@ Hand-written lowerings (torchax 0.0.13 has none for these):
                         not positive definite passed `constraints.positive_definite` and gave NaN samples)
   eye, range, searchsorted, fused LSTM/GRU cells, _embedding_bag: lowering_ops.py
   index_reduce, angle, sign/sgn and others the OpInfo parity test found: lowering_parity.py
+  _scaled_mm       -> float8.py (CPU's scaling and rounding)
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from typing import Any
 
 import torch
 
-from hf_tpu import dtypes, precision
+from hf_tpu import dtypes, float8, precision
 from hf_tpu.errors import NoLowering, op_name  # noqa: F401 - re-exported: callers name lowering.NoLowering
 from hf_tpu.lowering_ops import OP_LOWERINGS
 from hf_tpu.lowering_parity import OPMATH, PARITY_LOWERINGS, opmath
@@ -56,7 +57,7 @@ def _zero(x: Any) -> Any:
 
 
 def _to_copy(x: Any, *, dtype: torch.dtype | None = None, **_: Any) -> Any:
-    return x if dtype is None else x.astype(dtypes.to_jax(dtype))
+    return x if dtype is None else float8.cast(x, dtypes.to_jax(dtype))
 
 
 def _grouped_mm(a: Any, b: Any, offs: Any = None, bias: Any = None, out_dtype: torch.dtype | None = None) -> Any:
@@ -223,6 +224,7 @@ HAND_LOWERINGS: dict[Any, Callable[..., Any]] = {
     **OP_LOWERINGS,
     **OPTIM_LOWERINGS,
     **PARITY_LOWERINGS,
+    **float8.LOWERINGS,
 }
 
 

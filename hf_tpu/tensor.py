@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from hf_tpu import dtypes, fused, memory, views
+from hf_tpu import dtypes, float8, fused, memory, views
 
 _hold, _release = memory.hold, memory.release  # device memory accounting (memory.py)
 
@@ -274,7 +274,7 @@ def _conform(new: Any, shape: tuple[int, ...], dtype: Any, frame: tuple[int, ...
 
 def _conformed(x: Any, shape: tuple[int, ...], dtype: Any, frame: tuple[int, ...]) -> Any:
     """x cast to dtype, broadcast to shape, reshaped to the frame a write takes; traceable."""
-    return _jnp().broadcast_to(x.astype(dtype), shape).reshape(frame)
+    return _jnp().broadcast_to(float8.cast(x, dtype), shape).reshape(frame)
 
 
 def adopt_pending(t: torch.Tensor, res: torch.Tensor) -> bool:
@@ -398,6 +398,8 @@ def from_cpu(t: torch.Tensor, adopt: bool = False) -> Any:
 
         # torch will not hand numpy a bfloat16 array: move the bits, then view them as ml_dtypes' bfloat16
         host = t.contiguous().view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+    elif t.dtype in float8.DTYPES:  # likewise float8
+        host = float8.to_host(t.contiguous())
     else:
         host = t.contiguous().numpy()
     if adopt:
@@ -424,6 +426,8 @@ def to_cpu(array: Any, dtype: torch.dtype) -> torch.Tensor:
     a = np.asarray(array)
     if dtype == torch.bfloat16:
         return torch.from_numpy(a.view(np.int16).copy()).view(torch.bfloat16)
+    if dtype in float8.DTYPES:
+        return float8.from_host(a, dtype)
     return torch.from_numpy(np.array(a, copy=True)).to(dtype)
 
 

@@ -85,6 +85,7 @@ def load_op_table() -> tuple[dict[Any, Any], dict[Any, Any]]:
         from torchax.decompositions import DECOMPOSITIONS
         from torchax.ops import jaten, jtorch, ops_registry  # noqa: F401
 
+    _complete_dtype_maps()
     lowerings = {
         k: v
         for k, v in ops_registry.all_aten_ops.items()
@@ -92,3 +93,15 @@ def load_op_table() -> tuple[dict[Any, Any], dict[Any, Any]]:
     }
     decomps = {k: v for k, v in DECOMPOSITIONS.items() if not isinstance(k, MissingOverload)}
     return lowerings, decomps
+
+
+def _complete_dtype_maps() -> None:
+    """torchax 0.0.13 maps only two of torch's five float8 dtypes; its factory lowerings (empty_like,
+    full, ...) raised "unknown type" for the fnuz types and float8_e8m0fnu on tpu."""
+    from torchax.ops import mappings
+
+    from hf_tpu import float8
+
+    for t, j in float8.jax_dtypes().items():
+        mappings.TORCH_DTYPE_TO_JAX.setdefault(t, j)
+        mappings.JAX_DTYPE_TO_TORCH.setdefault(j, t)
