@@ -30,7 +30,8 @@ def test_in_process_statuses(kind, cpu_opts):
         assert phases == ["build", "baseline", "reference", "eager", "compiled", "control"]
     if kind == "pass":
         r = rows["compiled"]
-        assert r["max_abs_err"] == 0 and r["cosine"] == 1.0 and r["first_run_s"] > 0 and r["compile_s"] >= 0
+        # float32 noise only: the baseline runs ATen's own kernels (cpu_reference), the cpu backend oneDNN's
+        assert r["max_abs_err"] < 1e-6 and r["cosine"] > 1 - 1e-9 and r["first_run_s"] > 0 and r["compile_s"] >= 0
         assert r["compilations"] >= 1 and r["graph_breaks"] == 0
     if kind == "raise":
         assert rows["eager"]["failing_op"] == "aten::foo.default"
