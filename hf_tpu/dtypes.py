@@ -64,9 +64,7 @@ def _tables() -> tuple[dict[torch.dtype, Any], dict[Any, torch.dtype]]:
         torch.complex64: jnp.complex64,
         torch.complex128: jnp.complex128,
     }
-    from hf_tpu import float8
-
-    t2j.update(float8.jax_dtypes())
+    t2j.update(float8_jax_dtypes())
     j2t = {jnp.dtype(v): k for k, v in t2j.items()}
     return {k: jnp.dtype(v) for k, v in t2j.items()}, j2t
 
@@ -86,3 +84,21 @@ def to_torch(jax_dtype: Any) -> torch.dtype:
         return _tables()[1][jnp.dtype(jax_dtype)]
     except KeyError:
         raise UnsupportedDtypeError(f"tpu got a JAX array of dtype {jax_dtype}, which has no torch dtype") from None
+
+
+FLOAT8 = (torch.float8_e4m3fn, torch.float8_e5m2, torch.float8_e4m3fnuz, torch.float8_e5m2fnuz,
+          torch.float8_e8m0fnu)
+
+
+@functools.cache
+def float8_jax_dtypes() -> dict[torch.dtype, Any]:
+    """torch's float8 dtypes -> JAX's (ml_dtypes); hf_tpu/float8.py converts and computes with them."""
+    import jax.numpy as jnp
+
+    return {
+        torch.float8_e4m3fn: jnp.dtype(jnp.float8_e4m3fn),
+        torch.float8_e5m2: jnp.dtype(jnp.float8_e5m2),
+        torch.float8_e4m3fnuz: jnp.dtype(jnp.float8_e4m3fnuz),
+        torch.float8_e5m2fnuz: jnp.dtype(jnp.float8_e5m2fnuz),
+        torch.float8_e8m0fnu: jnp.dtype(jnp.float8_e8m0fnu),
+    }

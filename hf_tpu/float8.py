@@ -29,8 +29,9 @@ from typing import Any
 
 import torch
 
-DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2, torch.float8_e4m3fnuz, torch.float8_e5m2fnuz,
-          torch.float8_e8m0fnu)
+from hf_tpu import dtypes
+
+DTYPES = dtypes.FLOAT8  # the dtype tables are dtypes.py's (the lowest layer); re-exported for the lowerings
 
 
 def _jax() -> Any:
@@ -39,17 +40,7 @@ def _jax() -> Any:
     return runtime.jax()
 
 
-@functools.cache
-def jax_dtypes() -> dict[torch.dtype, Any]:
-    import jax.numpy as jnp
-
-    return {
-        torch.float8_e4m3fn: jnp.dtype(jnp.float8_e4m3fn),
-        torch.float8_e5m2: jnp.dtype(jnp.float8_e5m2),
-        torch.float8_e4m3fnuz: jnp.dtype(jnp.float8_e4m3fnuz),
-        torch.float8_e5m2fnuz: jnp.dtype(jnp.float8_e5m2fnuz),
-        torch.float8_e8m0fnu: jnp.dtype(jnp.float8_e8m0fnu),
-    }
+jax_dtypes = dtypes.float8_jax_dtypes
 
 
 @functools.cache
@@ -196,7 +187,6 @@ def scaled_mm(a: Any, b: Any, scale_a: Any, scale_b: Any, bias: Any = None, scal
     out = jnp.matmul(a.astype(f32) * sa, b.astype(f32) * sb, precision=jax.lax.Precision.HIGHEST)
     if bias is not None:
         out = out + bias.astype(f32)
-    from hf_tpu import dtypes
 
     want = dtypes.to_jax(out_dtype) if out_dtype is not None else a.dtype
     if scale_result is not None and is_float8(want):
@@ -205,7 +195,6 @@ def scaled_mm(a: Any, b: Any, scale_a: Any, scale_b: Any, bias: Any = None, scal
 
 
 def _zeros_factory(size: Any, *, dtype: torch.dtype | None = None, **_: Any) -> Any:
-    from hf_tpu import dtypes
 
     return zeros(tuple(int(s) for s in size), dtypes.to_jax(dtype or torch.get_default_dtype()))
 
@@ -215,7 +204,6 @@ def _full_factory(size: Any, fill_value: Any, *, dtype: torch.dtype | None = Non
     448 on CPU, NaN by JAX's conversion); other dtypes by torchax's lowering."""
     if dtype in DTYPES:
         jnp = _jax().numpy
-        from hf_tpu import dtypes
 
         return cast(jnp.full(tuple(int(s) for s in size), fill_value, jnp.float32), dtypes.to_jax(dtype))
     from hf_tpu.torchax_compat import load_op_table

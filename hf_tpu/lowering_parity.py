@@ -279,7 +279,9 @@ def opmath(fn: Callable[..., Any]) -> Callable[..., Any]:
         leaves = pytree.tree_leaves((args, kwargs))
         half = next((x.dtype for x in leaves if hasattr(x, "dtype") and hasattr(x, "shape")
                      and x.dtype in (jnp.bfloat16, jnp.float16)), None)
-        if half is None:
+        if half is None or any(isinstance(x, torch.dtype) for x in leaves):
+            # an explicit output dtype (cumsum(x, 0, dtype=float32), as autocast calls it): the input is cast to
+            # it first (lowering._cast_input_first) and the result must stay in it
             return fn(*args, **kwargs)
 
         def up(x: Any) -> Any:

@@ -100,8 +100,8 @@ def _complete_dtype_maps() -> None:
     full, ...) raised "unknown type" for the fnuz types and float8_e8m0fnu on tpu."""
     from torchax.ops import mappings
 
-    from hf_tpu import float8
+    from hf_tpu import dtypes
 
-    for t, j in float8.jax_dtypes().items():
+    for t, j in dtypes.float8_jax_dtypes().items():
         mappings.TORCH_DTYPE_TO_JAX.setdefault(t, j)
         mappings.JAX_DTYPE_TO_TORCH.setdefault(j, t)
