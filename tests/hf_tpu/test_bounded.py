@@ -55,14 +55,6 @@ def _run(fn, model_cpu, lengths, mark, **compile_kw):
     return C.stats()
 
 
-@pytest.fixture
-def highest():
-    before = torch.get_float32_matmul_precision()
-    torch.set_float32_matmul_precision("highest")
-    yield
-    torch.set_float32_matmul_precision(before)
-
-
 def test_one_program_for_every_length_up_to_the_bound(highest) -> None:
     cpu = TinyDecoder().eval()
     tpu = TinyDecoder().eval()

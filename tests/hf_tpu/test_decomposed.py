@@ -12,14 +12,6 @@ aten = torch.ops.aten
 
 
 @pytest.fixture
-def highest():
-    before = torch.get_float32_matmul_precision()
-    torch.set_float32_matmul_precision("highest")
-    yield
-    torch.set_float32_matmul_precision(before)
-
-
-@pytest.fixture
 def ops_seen():
     seen: list[str] = []
 
