@@ -64,15 +64,15 @@ def backend_info() -> dict[str, Any]:
 
 
 def fallback_ops() -> dict[str, int]:
-    from hf_tpu import dispatch
+    from hf_tpu import eager_functional
 
-    return dispatch.fallback_ops()
+    return eager_functional.fallback_ops()
 
 
 def reset_fallback_ops() -> None:
-    from hf_tpu import dispatch
+    from hf_tpu import eager_functional
 
-    dispatch.reset_fallback_ops()
+    eager_functional.reset_fallback_ops()
 
 
 def compile_stats() -> dict[str, int]:

@@ -1,7 +1,7 @@
 """Eager mode's fast path: an op's second call with the same signature runs its cached program directly.
 
-The general path (dispatch._run_functional) re-derives, on every call, things that depend only on the op,
-the argument dtypes and the static arguments: the lowering, integer promotion, PyTorch's output dtypes, the
+The general path (eager_functional._run_functional) re-derives, on every call, things that depend only on
+the op, the argument dtypes and the static arguments: the lowering, integer promotion, PyTorch's output dtypes, the
 jit program. That is most of a small op's cost (a + b on 16 elements: ~70 of ~90 us). After a call has gone
 the general way once, its answers are kept as a Plan under that signature, and a repeat call is: build the
 key, fetch the arrays, call the program, wrap the result (or, in fused mode, record it as a node). Shapes
@@ -28,8 +28,8 @@ _SCALARS = (bool, int, float, str, type(None), torch.dtype, torch.device, torch.
 
 
 class Plan:
-    """`fn`: the lowering the program was traced from. A plan is used only while dispatch's eager_lowering
-    still returns it, so a lowering replaced at run time (a test's fault injection, a user's override) is
+    """`fn`: the lowering the program was traced from. A plan is used only while
+    eager_functional.eager_lowering still returns it, so a lowering replaced at run time (a test's fault injection, a user's override) is
     honoured. `multi`: None for one output, else the container type of the outputs (tuple or list)."""
 
     __slots__ = ("fn", "program", "promote_to", "out_dtypes", "casts", "multi", "whole")

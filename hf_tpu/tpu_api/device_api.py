@@ -56,7 +56,7 @@ def current_device() -> int:
 
 
 def set_device(device: Any) -> None:
-    from hf_tpu.dispatch import check_device
+    from hf_tpu.eager_functional import check_device
 
     check_device(torch.device(NAME, device) if isinstance(device, int) else torch.device(device))
 
