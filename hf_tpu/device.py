@@ -52,6 +52,9 @@ def on_first_op(fn: Any) -> None:
 def _fallback(op: Any, *args: Any, **kwargs: Any) -> Any:
     global _direct_done
     if not _direct_done:
+        from hf_tpu import devices
+
+        devices.check_config()  # a bad HF_TPU_NUM_DEVICES fails the first tpu op, not `import torch`
         _direct_done = True
         _register_direct_kernels()
         for fn in _first_op_callbacks:
@@ -207,7 +210,7 @@ def register() -> bool:
     # The C++ hooks first (pinned memory, generators, events, synchronize, memory statistics): PyTorch takes
     # a device's hooks and guard once, so the Python ones below are then declined; they serve when the C++
     # part cannot be built (hf_tpu/native).
-    native.install()
+    _install_native()
     _setup_privateuseone_for_python_backend(NAME, backend_module=tpu_api.build(), hook=_Hooks(), device_guard=_Guard())
     _lib = torch.library.Library("_", "IMPL")  # noqa: TOR901 - a backend fallback, held for the process
     _lib.fallback(_fallback, "PrivateUse1")
@@ -229,6 +232,21 @@ def register() -> bool:
         process_group.register()  # torch.distributed's `tpu_dist` for tpu tensors (gloo on CPU copies)
     _registered = True
     return True
+
+
+def _install_native() -> None:
+    """The C++ hooks, and the device call-backs tensors take from them; several devices need them (a
+    tensor's device index is set in C++, and PyTorch asks the hooks how many devices there are)."""
+    from hf_tpu import devices, native
+
+    if native.install():
+        devices.set_tensor_device = native.set_tensor_device
+        devices.current_device = native.current_device
+    elif devices.MULTI and devices.ERROR is None:
+        # raised on the first tpu op (devices.check_config), not here: `import torch` registers `tpu`
+        devices.ERROR = (
+            f"{devices.source_text()}: several tpu devices need hf-tpu's C++ hooks, which could not be loaded "
+            f"({native.status()['reason'].splitlines()[0]}). Install g++ and ninja, or unset {devices.ENV}.")
 
 
 def is_registered() -> bool:

@@ -18,8 +18,10 @@ from typing import Any
 
 import torch
 
-from hf_tpu import functionalize, fused, lowering, optim_lowerings, serialization, storage_ops, view_ops
-from hf_tpu.eager_functional import run_functional
+from hf_tpu import (devices, functionalize, fused, lowering, optim_lowerings, runtime, serialization, storage_ops,
+                    view_ops)
+from hf_tpu import tensor as T
+from hf_tpu.eager_functional import mixed_device_error, run_functional
 from hf_tpu.errors import TpuOpError  # noqa: F401 - re-exported: callers catch dispatch.TpuOpError
 
 aten = torch.ops.aten
@@ -88,7 +90,54 @@ def dispatch(op: Any, args: tuple, kwargs: dict) -> Any:
         route = _routes[op]
     except KeyError:
         route = _routes[op] = _route(op)
+    if _MULTI:
+        return _on_device(route, op, args, kwargs)
     return route(op, args, kwargs)
+
+
+# ------------------------------------------------------------------------------ several devices
+_MULTI = devices.MULTI
+# Ops whose tensors may be on two devices: the copies between them (the destination's device is the op's).
+_COPIES = frozenset({aten._copy_from.default, aten._copy_from_and_resize.default})
+
+
+def _op_device(op: Any, args: tuple, kwargs: dict) -> int:
+    """The tpu device `op` runs on: its tpu tensors' (all on one, else PyTorch's same-device error), else
+    the device its `device=` names, else the thread's current device."""
+    if op in _COPIES:
+        dst = args[1]
+        return dst.device.index if dst.device.type == "tpu" else args[0].device.index
+    index, first = None, None
+    for x in (*args, *kwargs.values()):
+        for t in x if isinstance(x, list | tuple) else (x,):  # ATen nests at most one level (Tensor[])
+            if isinstance(t, torch.Tensor) and t.device.type == "tpu":
+                if index is None:
+                    index, first = t.device.index, t
+                elif t.device.index != index:
+                    raise mixed_device_error(op, t, first.device)  # type: ignore[union-attr]
+    if index is not None:
+        return index
+    device = kwargs.get("device")
+    if device is not None:
+        device = torch.device(device)
+        if device.type == "tpu" and device.index is not None:
+            return devices.check_index(device.index)
+    return devices.current_device()
+
+
+def _on_device(route: Callable[[Any, tuple, dict], Any], op: Any, args: tuple, kwargs: dict) -> Any:
+    """Run `op` on its device: the tensors it makes are that device's, and so are the arrays of programs
+    without array inputs (factories), through JAX's default device. Device 0's ops skip the JAX context
+    unless they run inside another device's op."""
+    index = _op_device(op, args, kwargs)
+    before = T.set_op_index(index)
+    try:
+        if index or before:
+            with runtime.jax().default_device(T.jax_device(index)):
+                return route(op, args, kwargs)
+        return route(op, args, kwargs)
+    finally:
+        T.set_op_index(before)
 
 
 def _inplace_view(op: Any, args: tuple, kwargs: dict) -> Any:

@@ -16,7 +16,8 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
-from hf_tpu import backward_lowerings, decomposed, dtypes, float8, fused, lowering, op_jit, plans, precision
+from hf_tpu import (backward_lowerings, decomposed, devices, dtypes, float8, fused, lowering, op_jit, plans,
+                    precision)
 from hf_tpu import tensor as T
 from hf_tpu.errors import TpuOpError
 from hf_tpu.op_dtypes import integral_promotion, leaves, map_args, meta_dtypes, wrap_outputs
@@ -62,16 +63,15 @@ def check_device(device: Any) -> None:
     if device is None:
         return
     device = torch.device(device)
-    if device.type == "tpu" and device.index not in (None, 0):
-        raise RuntimeError(
-            f"{device} is not a valid device: this machine has 1 tpu device (tpu:0). "
-            "Use device='tpu' or 'tpu:0'."
-        )
+    if device.type == "tpu":
+        devices.check_index(device.index)
 
 
-def _mixed_device_error(op: Any, other: torch.Tensor) -> RuntimeError:
+def mixed_device_error(op: Any, other: torch.Tensor, device: Any = None) -> RuntimeError:
+    """PyTorch's error for an op given tensors of two devices: `other`'s and `device` (the op's)."""
+    here = f"tpu:{T.op_index()}" if device is None else str(device)
     return RuntimeError(
-        f"Expected all tensors to be on the same device, but found at least two devices, tpu:0 and "
+        f"Expected all tensors to be on the same device, but found at least two devices, {here} and "
         f"{other.device}! (when checking arguments for {lowering.op_name(op)})"
     )
 
@@ -86,7 +86,7 @@ def _unwrap(op: Any, x: Any) -> Any:
             return T.operand(x)  # a view stays geometry: the op's program reads it (op_jit)
         if x.dim() == 0 or op.__name__.split(".")[0] in _CPU_INDEX_OK:
             return T.from_cpu(x)  # a CPU scalar tensor acts as a scalar, as on CUDA
-        raise _mixed_device_error(op, x)
+        raise mixed_device_error(op, x)
     if isinstance(x, torch.device):
         check_device(x)
     return x

@@ -5,7 +5,10 @@ array (JAX arrays are immutable), so memory is counted per distinct array, from 
 it until the last Buffer holding it lets go. Arrays that no tensor holds (an op's temporaries, RNG keys,
 constants inside compiled programs) are not tensors' memory, as a CUDA caching allocator does not count a
 kernel's scratch space; tracers (inside traced programs) are no memory at all. The peak is the largest
-`current` since the last reset, as in torch.cuda.max_memory_allocated."""
+`current` since the last reset, as in torch.cuda.max_memory_allocated.
+
+With several tpu devices (devices.py) each device has its own figures, counted from the JAX device its
+arrays live on; the functions without an index give the sum over devices."""
 
 from __future__ import annotations
 
@@ -13,13 +16,25 @@ import math
 import threading
 from typing import Any
 
+from hf_tpu import devices
+
 _lock = threading.Lock()
 _acquire, _release = _lock.acquire, _lock.release  # nothing between them can raise
 _prod = math.prod
-_live: dict[int, list[int]] = {}  # id(array) -> [Buffers holding it, its bytes]
+_live: dict[int, list[int]] = {}  # id(array) -> [Buffers holding it, its bytes, its device's index]
 _array_type: type | None = None  # jax's concrete array class, learnt from the first array held
-# bytes: current, peak, ever allocated, ever freed; the same four as counts of arrays
-_stats = [0, 0, 0, 0, 0, 0, 0, 0]
+# per device: bytes current, peak, ever allocated, ever freed; the same four as counts of arrays
+_by_device = [[0, 0, 0, 0, 0, 0, 0, 0] for _ in range(devices.COUNT)]
+_stats = _by_device[0]
+_MULTI = devices.MULTI
+
+
+def _device_index(array: Any) -> int:
+    # JAX numbers the CPU devices behind tpu:0..N-1 0..N-1 (tensor.jax_devices), so its id is the index
+    try:
+        return array.sharding._device.id
+    except AttributeError:
+        return 0
 
 
 def _is_device_array(kind: type) -> bool:
@@ -48,8 +63,9 @@ def hold(array: Any, shape: tuple[int, ...]) -> None:
     if entry is not None:
         entry[0] += 1
     else:
-        _live[key] = [1, n]
-        s = _stats
+        index = _device_index(array) if _MULTI else 0
+        _live[key] = [1, n, index]
+        s = _by_device[index]
         s[0] += n
         s[2] += n
         s[4] += 1
@@ -72,7 +88,7 @@ def release(array: Any) -> None:
         entry[0] -= 1
         if not entry[0]:
             del _live[key]
-            s = _stats
+            s = _by_device[entry[2]]
             s[0] -= entry[1]
             s[3] += entry[1]
             s[4] -= 1
@@ -80,29 +96,37 @@ def release(array: Any) -> None:
     _release()
 
 
-def allocated() -> int:
-    """Bytes held by live tpu tensors now."""
-    return _stats[0]
+def _selected(index: int | None) -> list[list[int]]:
+    return _by_device if index is None else [_by_device[devices.check_index(index)]]
 
 
-def max_allocated() -> int:
-    """The most bytes live tpu tensors held at once since the process started or the last peak reset."""
-    return _stats[1]
+def allocated(index: int | None = None) -> int:
+    """Bytes held by live tpu tensors now, on device `index` (None: all devices)."""
+    return sum(s[0] for s in _selected(index))
 
 
-def stats() -> tuple[int, int, int, int, int, int, int, int]:
-    """(current, peak, allocated, freed) bytes, then the same four counting arrays."""
+def max_allocated(index: int | None = None) -> int:
+    """The most bytes live tpu tensors held at once since the process started or the last peak reset, on
+    device `index` (None: the sum of the devices' peaks)."""
+    return sum(s[1] for s in _selected(index))
+
+
+def stats(index: int | None = None) -> tuple[int, int, int, int, int, int, int, int]:
+    """(current, peak, allocated, freed) bytes, then the same four counting arrays, of device `index`
+    (None: summed over devices)."""
     with _lock:
-        return tuple(_stats)  # type: ignore[return-value]
+        return tuple(sum(s[i] for s in _selected(index)) for i in range(8))  # type: ignore[return-value]
 
 
-def reset_peak() -> None:
+def reset_peak(index: int | None = None) -> None:
     with _lock:
-        _stats[1] = _stats[0]
-        _stats[5] = _stats[4]
+        for s in _selected(index):
+            s[1] = s[0]
+            s[5] = s[4]
 
 
-def reset_accumulated() -> None:
+def reset_accumulated(index: int | None = None) -> None:
     with _lock:
-        _stats[2] = _stats[3] = 0
-        _stats[6] = _stats[7] = 0
+        for s in _selected(index):
+            s[2] = s[3] = 0
+            s[6] = s[7] = 0

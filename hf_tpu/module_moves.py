@@ -31,7 +31,8 @@ def _crosses_tpu(module: torch.nn.Module, fn: Callable[[torch.Tensor], Any]) -> 
             out = fn(torch.empty(0, dtype=p.dtype, device=p.device))
     except Exception:  # a conversion that cannot take the probe: leave the call to PyTorch as it is
         return False
-    return isinstance(out, torch.Tensor) and (out.device.type == "tpu") != (p.device.type == "tpu")
+    # tpu:0 -> tpu:1 too (several devices, hf_tpu/devices.py): PyTorch would make new Parameters there as well
+    return isinstance(out, torch.Tensor) and out.device != p.device and "tpu" in (out.device.type, p.device.type)
 
 
 def install() -> None:

@@ -78,7 +78,11 @@ def _cpu_only() -> bool:
 
 def add_fast_compile_flags() -> None:
     """Add FAST_COMPILE_FLAGS to XLA_FLAGS, if JAX has not started a backend yet (XLA reads its flags then).
-    Called before anything of ours imports JAX (here, and before torchax is imported)."""
+    Called before anything of ours imports JAX (here, and before torchax is imported); asks for the tpu
+    devices' JAX CPU devices at the same moment (devices.py)."""
+    from hf_tpu import devices
+
+    devices.add_xla_flag()
     if os.environ.get("HF_TPU_XLA_FAST_COMPILE", "1") == "0" or not _cpu_only():
         return
     bridge = sys.modules.get("jax._src.xla_bridge")

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from hf_tpu import dtypes, float8, fused, runtime
+from hf_tpu import devices, dtypes, float8, fused, runtime
 from hf_tpu import tensor as T
 from hf_tpu.eager_functional import check_device, run_functional
 from hf_tpu.op_dtypes import map_args
@@ -34,22 +34,35 @@ def empty_strided(size: Any, stride: Any, *, dtype: Any = None, device: Any = No
     return _zeros(size, dtype)
 
 
+_MULTI = devices.MULTI
+
+
 def copy_from(src: torch.Tensor, dst: torch.Tensor, non_blocking: bool = False) -> torch.Tensor:
     if dst.device.type == "tpu":
         if src.device.type == "tpu":
-            if not (fused.ACTIVE and T.defer_write(dst, src)):
+            if _MULTI and src.device != dst.device:  # tpu:i -> tpu:j: a transfer between JAX devices
+                T.assign(dst, _moved(T.value(src), dst))
+            elif not (fused.ACTIVE and T.defer_write(dst, src)):
                 T.assign(dst, T.value(src))
         else:
-            T.assign(dst, T.from_cpu(src))
+            T.assign(dst, T.from_cpu(src, index=dst.device.index if _MULTI else None))
         return dst
     T.copy_to_cpu(T.value(src), src.dtype, dst)
     return dst
 
 
+def _moved(array: Any, dst: torch.Tensor) -> Any:
+    """`array` on tpu device `dst`'s JAX device (a copy when it lives on another)."""
+    return runtime.jax().device_put(array, T.jax_device(dst.device.index))
+
+
 def copy_from_and_resize(src: torch.Tensor, dst: torch.Tensor) -> torch.Tensor:
     if tuple(dst.shape) != tuple(src.shape):
         if dst.device.type == "tpu":
-            T.replace(dst, T.value(src) if src.device.type == "tpu" else T.from_cpu(src))
+            if src.device.type == "tpu":
+                T.replace(dst, _moved(T.value(src), dst) if _MULTI else T.value(src))
+            else:
+                T.replace(dst, T.from_cpu(src, index=dst.device.index if _MULTI else None))
             return dst
         dst.resize_(src.shape)
     return copy_from(src, dst)

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from hf_tpu import dtypes, float8, fused, memory, views
+from hf_tpu import devices, dtypes, float8, fused, memory, views
 
 _hold, _release = memory.hold, memory.release  # device memory accounting (memory.py)
 
@@ -101,8 +101,64 @@ class Payload:
         self._cache = None
 
 
-def _create(shape: tuple[int, ...] | list[int], dtype: torch.dtype) -> torch.Tensor:
-    return torch._C._acc.create_empty_tensor(list(shape), dtype)
+def _create(shape: tuple[int, ...] | list[int], dtype: torch.dtype, index: int = 0) -> torch.Tensor:
+    t = torch._C._acc.create_empty_tensor(list(shape), dtype)  # always on tpu:0 (PyTorch's Python backend)
+    if index:
+        devices.set_tensor_device(t, index)  # type: ignore[misc]
+    return t
+
+
+# ------------------------------------------------------------------------------ several devices
+# With HF_TPU_NUM_DEVICES=N > 1 (devices.py), tpu:i's arrays live on JAX device i. A tensor made from an
+# array takes the array's device; one made before its array exists (empty, a pending fused value, a view)
+# takes the device of the op making it, which dispatch sets per op (set_op_index) on the running thread.
+_MULTI = devices.MULTI
+_op = threading.local()
+
+
+def op_index() -> int:
+    """The tpu device index tensors made now belong to: the running op's, else the thread's current one."""
+    i = getattr(_op, "index", None)
+    return devices.current_device() if i is None else i
+
+
+def set_op_index(index: int | None) -> int | None:
+    """Make `index` the running op's device on this thread; returns the one it replaces (to restore)."""
+    before = getattr(_op, "index", None)
+    _op.index = index
+    return before
+
+
+@functools.cache
+def jax_devices() -> tuple[Any, ...]:
+    """The JAX devices behind tpu:0..N-1 (JAX's first N devices of its default platform)."""
+    from hf_tpu import runtime
+
+    jax = runtime.jax()
+    found = tuple(jax.devices())
+    if len(found) < devices.COUNT:
+        raise RuntimeError(
+            f"{devices.source_text()} asks for {devices.COUNT} tpu devices, but JAX has {len(found)} "
+            f"({runtime.platform()}): JAX's backend started before hf-tpu could ask for more (import torch, or "
+            f"hf_tpu, before anything uses JAX), or XLA_FLAGS sets {devices.XLA_COUNT_FLAG} lower.")
+    return found[:devices.COUNT]
+
+
+def jax_device(index: int) -> Any:
+    return jax_devices()[index]
+
+
+@functools.cache
+def _index_by_id() -> dict[int, int]:
+    return {d.id: i for i, d in enumerate(jax_devices())}
+
+
+def index_of_array(array: Any) -> int:
+    """The tpu device index an array lives on; a tracer (inside a traced program) belongs to the op's."""
+    try:
+        return _index_by_id()[array.sharding._device.id]  # SingleDeviceSharding's device: ~0.1 us
+    except Exception:  # a tracer, or an array of another kind of sharding
+        return op_index()
 
 
 def _create_view(shape: Any, dtype: torch.dtype, base: torch.Tensor | None) -> torch.Tensor:
@@ -110,17 +166,18 @@ def _create_view(shape: Any, dtype: torch.dtype, base: torch.Tensor | None) -> t
     tensor, but a view of a normal tensor must be normal: autograd's view tracking then gives it base's
     version counter, which an inference tensor refuses ("Cannot set version_counter for inference tensor",
     e.g. `weight.t()` in nn.Linear). CPU's views are normal because they copy base's dispatch keys."""
+    index = (base.device.index if base is not None else op_index()) if _MULTI else 0
     if base is not None and torch.is_inference_mode_enabled() and not base.is_inference():
         with torch.inference_mode(False):
-            return _create(shape, dtype)
-    return _create(shape, dtype)
+            return _create(shape, dtype, index)
+    return _create(shape, dtype, index)
 
 
 def wrap(array: Any, dtype: torch.dtype | None = None) -> torch.Tensor:
     """A new tpu tensor owning `array` (a jax.Array, possibly a tracer)."""
     if dtype is None:
         dtype = dtypes.to_torch(array.dtype)
-    t = _create(array.shape, dtype)
+    t = _create(array.shape, dtype, index_of_array(array) if _MULTI else 0)
     t.untyped_storage()._hf_tpu = Payload(Buffer(array))
     return t
 
@@ -128,7 +185,7 @@ def wrap(array: Any, dtype: torch.dtype | None = None) -> torch.Tensor:
 def wrap_pending(node: Any, dtype: torch.dtype) -> torch.Tensor:
     """A new tpu tensor whose array a pending fused.Node makes when something reads it."""
     shape = node.aval[0]
-    t = _create(shape, dtype)
+    t = _create(shape, dtype, op_index() if _MULTI else 0)
     buf = Buffer(loader=node, shape=shape)
     fused.attach(node, buf)
     t.untyped_storage()._hf_tpu = Payload(buf)
@@ -136,10 +193,20 @@ def wrap_pending(node: Any, dtype: torch.dtype) -> torch.Tensor:
 
 
 def wrap_lazy(shape: tuple[int, ...], dtype: torch.dtype, loader: Callable[[], Any]) -> torch.Tensor:
-    """A new tpu tensor whose array `loader()` makes on first use (it must return that shape and dtype)."""
-    t = _create(shape, dtype)
+    """A new tpu tensor whose array `loader()` makes on first use (it must return that shape and dtype), on
+    the running op's device (the array is moved there when the loader made it elsewhere)."""
+    index = op_index() if _MULTI else 0
+    if index:
+        loader = functools.partial(_loaded_on, loader, index)
+    t = _create(shape, dtype, index)
     t.untyped_storage()._hf_tpu = Payload(Buffer(loader=loader, shape=tuple(shape)))
     return t
+
+
+def _loaded_on(loader: Callable[[], Any], index: int) -> Any:
+    from hf_tpu import runtime
+
+    return runtime.jax().device_put(loader(), jax_device(index))
 
 
 def payload(t: torch.Tensor) -> Payload:
@@ -162,7 +229,7 @@ def copy_sharing(t: torch.Tensor, copies: dict[int, tuple[Buffer, Buffer]]) -> t
     if hit is None:
         # the original is kept in the entry so that its id cannot be reused by another buffer meanwhile
         hit = copies[id(p.buf)] = (p.buf, Buffer(p.buf.array))
-    new = _create(tuple(t.shape), t.dtype)
+    new = _create(tuple(t.shape), t.dtype, t.device.index if _MULTI else 0)
     new.untyped_storage()._hf_tpu = Payload(hit[1], p.view)
     return new
 
@@ -382,12 +449,14 @@ def view_reshape(src: torch.Tensor, size: list[int]) -> torch.Tensor:
     return make_view(src, size, list(views._contiguous_strides(size)), 0)
 
 
-def from_cpu(t: torch.Tensor, adopt: bool = False) -> Any:
+def from_cpu(t: torch.Tensor, adopt: bool = False, index: int | None = None) -> Any:
     """A CPU tensor's value as a JAX array: one copy (jnp.asarray measured two). The copy is made in numpy
     because on XLA:CPU device_put may alias the numpy buffer, which the CPU tensor could later change.
     `adopt=True` is for a buffer nobody else will touch (a tensor just read from a checkpoint): the array
     then shares its memory where XLA can (XLA:CPU, aligned data), and no copy is made. JAX arrays are
-    immutable and hf_tpu donates no buffers, so the shared memory is only ever read."""
+    immutable and hf_tpu donates no buffers, so the shared memory is only ever read. `index`: the tpu
+    device to put it on (with several devices); None leaves it to JAX's default device, uncommitted, so that
+    a program with arrays of another device takes it there (a CPU scalar operand)."""
     from hf_tpu import runtime
 
     jax = runtime.jax()
@@ -402,13 +471,14 @@ def from_cpu(t: torch.Tensor, adopt: bool = False) -> Any:
         host = float8.to_host(t.contiguous())
     else:
         host = t.contiguous().numpy()
+    where = jax_device(index) if _MULTI and index is not None else None
     if adopt:
-        return jax.device_put(host, may_alias=True)
+        return jax.device_put(host, where, may_alias=True)
     # One copy: into a buffer aligned so that XLA:CPU adopts it instead of copying again (device_put with
     # may_alias=False still aliases a numpy view of torch memory, and reads it asynchronously).
     buf = aligned_empty(host.nbytes).view(host.dtype).reshape(host.shape)
     np.copyto(buf, host, casting="no")
-    return jax.device_put(buf, may_alias=True)
+    return jax.device_put(buf, where, may_alias=True)
 
 
 XLA_ALIGN = 64  # XLA:CPU adopts host memory only at this alignment; it copies anything else

@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # patterns over dotted module names; a package's __init__ is the package's own name.
 HF_TPU_LAYERS: list[tuple[str, list[str]]] = [
     ("foundations: errors, dtypes, settings, counters; nothing of JAX",
-     ["hf_tpu.errors", "hf_tpu.dtypes", "hf_tpu.precision", "hf_tpu.compile_options", "hf_tpu.module_moves",
+     ["hf_tpu.errors", "hf_tpu.devices", "hf_tpu.dtypes", "hf_tpu.precision", "hf_tpu.compile_options", "hf_tpu.module_moves",
       "hf_tpu.counters", "hf_tpu.memory", "hf_tpu.no_dynamo", "hf_tpu.autocast", "hf_tpu.process_group",
       "hf_tpu.bounded"]),
     ("JAX, started on first use", ["hf_tpu.runtime"]),

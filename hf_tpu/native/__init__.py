@@ -31,33 +31,34 @@ _lib: ctypes.PyDLL | None = None
 
 
 class _Callbacks:
-    """What hooks.cpp asks Python (method names are its C++ calls)."""
+    """What hooks.cpp asks Python (method names are its C++ calls; `index` is a tpu device's, resolved)."""
 
     def synchronize(self) -> None:
         from hf_tpu.tpu_api import device_api
 
         device_api.synchronize()
 
-    def memory_stats(self) -> tuple[int, ...]:
+    def memory_stats(self, index: int) -> tuple[int, ...]:
         from hf_tpu import memory
 
-        return memory.stats()
+        return memory.stats(index)
 
-    def reset_peak_memory_stats(self) -> None:
+    def reset_peak_memory_stats(self, index: int) -> None:
         from hf_tpu import memory
 
-        memory.reset_peak()
+        memory.reset_peak(index)
 
-    def reset_accumulated_memory_stats(self) -> None:
+    def reset_accumulated_memory_stats(self, index: int) -> None:
         from hf_tpu import memory
 
-        memory.reset_accumulated()
+        memory.reset_accumulated(index)
 
     def empty_cache(self) -> None:
         pass  # hf-tpu caches no device memory: JAX frees an array when its last tensor dies
 
-    def memory_info(self) -> tuple[int, int]:
-        """(free, total) bytes: the stand-in's device memory is the host's."""
+    def memory_info(self, index: int) -> tuple[int, int]:
+        """(free, total) bytes of device `index`: the stand-in's devices share the host's memory, so each
+        has all of it (as the figure a process sharing a GPU sees)."""
         import psutil
 
         vm = psutil.virtual_memory()
@@ -118,8 +119,12 @@ def load() -> ctypes.PyDLL | None:
             path = _build(name, directory)
             done.write_text(f"{_status.get('build_seconds')}\n")
         _lib = ctypes.PyDLL(str(path))  # PyDLL: the install call takes Python objects with the GIL held
-        _lib.hf_tpu_native_install.argtypes = [ctypes.py_object]
+        _lib.hf_tpu_native_install.argtypes = [ctypes.py_object, ctypes.c_int, ctypes.c_char_p]
         _lib.hf_tpu_native_install.restype = ctypes.c_int
+        _lib.hf_tpu_native_set_device.argtypes = [ctypes.c_void_p, ctypes.c_int]
+        _lib.hf_tpu_native_set_device.restype = None
+        _lib.hf_tpu_native_current_device.argtypes = []
+        _lib.hf_tpu_native_current_device.restype = ctypes.c_int
         _status.update(path=str(path))
     except Exception as exc:  # no compiler, no ninja, an unwritable cache: Python hooks instead
         _status.update(loaded=False, reason=f"{type(exc).__name__}: {exc}")
@@ -135,10 +140,12 @@ def load() -> ctypes.PyDLL | None:
 def install() -> bool:
     """Register the C++ hooks, device guard and allocator for PrivateUse1 (before the Python ones, which
     PyTorch then declines: it takes a device's hooks once). False when they could not be loaded."""
+    from hf_tpu import devices
+
     lib = load()
     if lib is None:
         return False
-    if not lib.hf_tpu_native_install(_CALLBACKS):
+    if not lib.hf_tpu_native_install(_CALLBACKS, devices.COUNT, devices.source_text().encode()):
         _status.update(loaded=False, reason="another backend registered PrivateUse1 hooks first")
         return False
     _status.update(loaded=True, reason="")
@@ -148,3 +155,14 @@ def install() -> bool:
 def status() -> dict[str, Any]:
     """Whether the C++ hooks serve `tpu`, from where, or why not."""
     return dict(_status)
+
+
+def set_tensor_device(t: Any, index: int) -> None:
+    """Put `t`, a data-less tpu tensor just made (on tpu:0), on tpu:`index` (hooks.cpp says how)."""
+    _lib.hf_tpu_native_set_device(t._cdata, index)  # type: ignore[union-attr]
+
+
+def current_device() -> int:
+    """This thread's current tpu device (the C++ guard's, which PyTorch's device guards move too); 0
+    without the C++ hooks, which then serve one device only."""
+    return _lib.hf_tpu_native_current_device() if _status["loaded"] else 0  # type: ignore[union-attr]

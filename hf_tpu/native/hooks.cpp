@@ -57,14 +57,16 @@ std::string take_python_error() {
   return text;
 }
 
-// Calls callbacks.<method>() and returns its result (a new reference), or nullptr when Python is gone
-// (interpreter shutdown). Raises c10::Error carrying the Python error.
-PyObject* call_python(const char* method) {
+// Calls callbacks.<method>() (or .<method>(index) for a device's figures) and returns its result (a new
+// reference), or nullptr when Python is gone (interpreter shutdown). Raises c10::Error carrying the Python
+// error.
+PyObject* call_python(const char* method, int index = -2) {
   if (g_callbacks == nullptr || !Py_IsInitialized()) {
     return nullptr;
   }
   PyGILState_STATE gil = PyGILState_Ensure();
-  PyObject* result = PyObject_CallMethod(g_callbacks, method, nullptr);
+  PyObject* result = index == -2 ? PyObject_CallMethod(g_callbacks, method, nullptr)
+                                 : PyObject_CallMethod(g_callbacks, method, "i", index);
   if (result == nullptr) {
     std::string err = take_python_error();
     PyGILState_Release(gil);
@@ -74,8 +76,8 @@ PyObject* call_python(const char* method) {
   return result;
 }
 
-void call_python_void(const char* method) {
-  PyObject* r = call_python(method);
+void call_python_void(const char* method, int index = -2) {
+  PyObject* r = call_python(method, index);
   if (r != nullptr) {
     PyGILState_STATE gil = PyGILState_Ensure();
     Py_DECREF(r);
@@ -83,9 +85,9 @@ void call_python_void(const char* method) {
   }
 }
 
-// callbacks.<method>() returning a tuple of ints, copied into `out` (at most n of them).
-void call_python_ints(const char* method, int64_t* out, size_t n) {
-  PyObject* r = call_python(method);
+// callbacks.<method>(index) returning a tuple of n ints, copied into `out`.
+void call_python_ints(const char* method, c10::DeviceIndex index, int64_t* out, size_t n) {
+  PyObject* r = call_python(method, index);
   if (r == nullptr) {
     return;
   }
@@ -103,9 +105,23 @@ void call_python_ints(const char* method, int64_t* out, size_t n) {
   TORCH_CHECK(ok, "hf_tpu: the tpu device's ", method, "() must return a tuple of ", n, " ints");
 }
 
+// How many tpu devices this process has (hf_tpu/devices.py; fixed at install, as JAX fixes its device
+// count when it starts), what set that count (for errors), and each thread's current device (PyTorch's
+// device guards and torch.tpu.set_device change it per thread, as cudaSetDevice does).
+c10::DeviceIndex g_num_devices = 1;
+std::string g_count_text = "1 device";
+thread_local c10::DeviceIndex t_current_device = 0;
+
 void check_index(c10::DeviceIndex index) {
-  TORCH_CHECK(index == 0 || index == -1, "tpu device index ", static_cast<int>(index),
-              " out of range: hf-tpu provides one device (index 0)");
+  TORCH_CHECK(index >= -1 && index < g_num_devices, "tpu:", static_cast<int>(index),
+              " is not a valid device: this process has ", static_cast<int>(g_num_devices), " tpu device(s) (",
+              g_count_text, "). Set HF_TPU_NUM_DEVICES to the number of devices you need before starting Python.");
+}
+
+// The index a hook was given, with -1 (PyTorch's "the current device") resolved.
+c10::DeviceIndex resolve(c10::DeviceIndex index) {
+  check_index(index);
+  return index < 0 ? t_current_device : index;
 }
 
 // ------------------------------------------------------------------------------ pinned host memory
@@ -177,7 +193,7 @@ PinnedAllocator g_pinned;
 // 16 bytes (seed, offset), so get_state/set_state round-trip as on CUDA.
 struct TpuGenerator final : c10::GeneratorImpl {
   explicit TpuGenerator(c10::DeviceIndex index)
-      : c10::GeneratorImpl(c10::Device(kTpu, index < 0 ? 0 : index), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1)) {}
+      : c10::GeneratorImpl(c10::Device(kTpu, index < 0 ? t_current_device : index), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1)) {}
 
   void set_current_seed(uint64_t seed) override {
     seed_ = seed;
@@ -240,20 +256,21 @@ struct TpuHooks final : at::PrivateUse1HooksInterface {
   }
   void init() const override {}
   c10::DeviceIndex deviceCount() const override {
-    return 1;
+    return g_num_devices;
   }
   void setCurrentDevice(c10::DeviceIndex index) const override {
-    check_index(index);
+    t_current_device = resolve(index);
   }
   c10::DeviceIndex getCurrentDevice() const override {
-    return 0;
+    return t_current_device;
   }
   c10::DeviceIndex exchangeDevice(c10::DeviceIndex index) const override {
-    check_index(index);
-    return 0;
+    c10::DeviceIndex before = t_current_device;
+    t_current_device = resolve(index);
+    return before;
   }
-  c10::DeviceIndex maybeExchangeDevice(c10::DeviceIndex) const override {
-    return 0;
+  c10::DeviceIndex maybeExchangeDevice(c10::DeviceIndex index) const override {
+    return exchangeDevice(index);
   }
   bool isPinnedPtr(const void* data) const override {
     return pinned_registry().contains(data);
@@ -287,35 +304,40 @@ struct TpuGuard final : c10::impl::DeviceGuardImplInterface {
     return kTpu;
   }
   c10::Device exchangeDevice(c10::Device d) const override {
-    check_index(d.index());
-    return c10::Device(kTpu, 0);
+    c10::Device before(kTpu, t_current_device);
+    t_current_device = resolve(d.index());
+    return before;
   }
   c10::Device getDevice() const override {
-    return c10::Device(kTpu, 0);
+    return c10::Device(kTpu, t_current_device);
   }
   void setDevice(c10::Device d) const override {
-    check_index(d.index());
+    t_current_device = resolve(d.index());
   }
-  void uncheckedSetDevice(c10::Device) const noexcept override {}
-  c10::Stream getStream(c10::Device) const override {
-    return stream_of(t_current_stream);
+  void uncheckedSetDevice(c10::Device d) const noexcept override {
+    if (d.index() >= 0 && d.index() < g_num_devices) {
+      t_current_device = d.index();
+    }
   }
-  c10::Stream getDefaultStream(c10::Device) const override {
-    return stream_of(0);
+  c10::Stream getStream(c10::Device d) const override {
+    return stream_of(t_current_stream, d);
   }
-  c10::Stream getNewStream(c10::Device, int /*priority*/) const override {
-    return stream_of(g_next_stream++);
+  c10::Stream getDefaultStream(c10::Device d) const override {
+    return stream_of(0, d);
   }
-  c10::Stream getStreamFromGlobalPool(c10::Device, bool /*isHighPriority*/) const override {
-    return stream_of(0);
+  c10::Stream getNewStream(c10::Device d, int /*priority*/) const override {
+    return stream_of(g_next_stream++, d);
+  }
+  c10::Stream getStreamFromGlobalPool(c10::Device d, bool /*isHighPriority*/) const override {
+    return stream_of(0, d);
   }
   c10::Stream exchangeStream(c10::Stream s) const override {
-    c10::Stream before = stream_of(t_current_stream);
+    c10::Stream before = stream_of(t_current_stream, s.device());
     t_current_stream = s.id();
     return before;
   }
   c10::DeviceIndex deviceCount() const noexcept override {
-    return 1;
+    return g_num_devices;
   }
 
   void record(void** event, const c10::Stream&, const c10::DeviceIndex index, const c10::EventFlag flag) const override {
@@ -359,8 +381,9 @@ struct TpuGuard final : c10::impl::DeviceGuardImplInterface {
   }
 
  private:
-  static c10::Stream stream_of(c10::StreamId id) {
-    return c10::Stream(c10::Stream::UNSAFE, c10::Device(kTpu, 0), id);
+  // A stream of device d (the current device when d names none).
+  static c10::Stream stream_of(c10::StreamId id, c10::Device d) {
+    return c10::Stream(c10::Stream::UNSAFE, c10::Device(kTpu, d.has_index() ? d.index() : t_current_device), id);
   }
 };
 
@@ -375,7 +398,7 @@ struct TpuDeviceAllocator final : c10::DeviceAllocator {
     TORCH_CHECK(nbytes == 0, "hf_tpu: tpu tensors keep their data in JAX arrays, not in PyTorch storage, so a tpu "
                 "storage of ", nbytes, " bytes cannot be allocated; make the tensor with a tpu op instead (e.g. "
                 "torch.empty(n, dtype=torch.uint8, device='tpu') or cpu_tensor.to('tpu')).");
-    return {nullptr, nullptr, &noop_delete, c10::Device(kTpu, 0)};
+    return {nullptr, nullptr, &noop_delete, c10::Device(kTpu, t_current_device)};
   }
   c10::DeleterFnPtr raw_deleter() const override {
     return nullptr;
@@ -391,10 +414,9 @@ struct TpuDeviceAllocator final : c10::DeviceAllocator {
   }
   void recordStream(const c10::DataPtr&, c10::Stream) override {}
   c10::CachingDeviceAllocator::DeviceStats getDeviceStats(c10::DeviceIndex index) override {
-    check_index(index);
     // current, peak, allocated (cumulative), freed (cumulative) bytes; then the same four as counts
     int64_t v[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    call_python_ints("memory_stats", v, 8);
+    call_python_ints("memory_stats", resolve(index), v, 8);
     c10::CachingDeviceAllocator::DeviceStats stats;
     auto fill = [](c10::CachingAllocator::StatArray& a, const int64_t* w) {
       auto& s = a[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)];
@@ -413,17 +435,14 @@ struct TpuDeviceAllocator final : c10::DeviceAllocator {
     return stats;
   }
   void resetAccumulatedStats(c10::DeviceIndex index) override {
-    check_index(index);
-    call_python_void("reset_accumulated_memory_stats");
+    call_python_void("reset_accumulated_memory_stats", resolve(index));
   }
   void resetPeakStats(c10::DeviceIndex index) override {
-    check_index(index);
-    call_python_void("reset_peak_memory_stats");
+    call_python_void("reset_peak_memory_stats", resolve(index));
   }
   std::pair<size_t, size_t> getMemoryInfo(c10::DeviceIndex index) override {
-    check_index(index);
     int64_t v[2] = {0, 0};
-    call_python_ints("memory_info", v, 2);
+    call_python_ints("memory_info", resolve(index), v, 2);
     return {static_cast<size_t>(v[0]), static_cast<size_t>(v[1])};
   }
 };
@@ -434,9 +453,10 @@ struct TpuDeviceAllocator final : c10::DeviceAllocator {
 extern "C" {
 
 // Registers the hooks, the device guard and the device allocator for PrivateUse1; `callbacks` answers
-// for the device (kept alive for the process). Returns 1, or 0 when another backend's hooks were
-// registered first (PyTorch takes PrivateUse1 hooks once per process). Call with the GIL held.
-int hf_tpu_native_install(PyObject* callbacks) {
+// for the devices (kept alive for the process), `num_devices` is their count and `count_text` what set it.
+// Returns 1, or 0 when another backend's hooks were registered first (PyTorch takes PrivateUse1 hooks once
+// per process). Call with the GIL held.
+int hf_tpu_native_install(PyObject* callbacks, int num_devices, const char* count_text) {
   static TpuHooks* hooks = nullptr;
   if (hooks != nullptr) {
     return 1;
@@ -444,6 +464,8 @@ int hf_tpu_native_install(PyObject* callbacks) {
   if (at::isPrivateUse1HooksRegistered()) {
     return 0;
   }
+  g_num_devices = static_cast<c10::DeviceIndex>(num_devices);
+  g_count_text = count_text;
   Py_INCREF(callbacks);
   g_callbacks = callbacks;
   hooks = new TpuHooks();  // leaked on purpose: PyTorch holds these for the life of the process
@@ -451,6 +473,21 @@ int hf_tpu_native_install(PyObject* callbacks) {
   c10::impl::registerDeviceGuard(kTpu, new TpuGuard());
   c10::SetAllocator(kTpu, new TpuDeviceAllocator(), /*priority=*/1);
   return 1;
+}
+
+// Puts a tensor just made by torch._C._acc.create_empty_tensor (always tpu:0, data-less) on tpu:`index`.
+// A tensor's device is its storage's: the storage gets a null data pointer of that device, and the
+// TensorImpl re-reads its cached device from it. `impl` is the tensor's TensorImpl (Tensor._cdata).
+void hf_tpu_native_set_device(void* impl, int index) {
+  auto* t = static_cast<c10::TensorImpl*>(impl);
+  c10::Storage storage = t->storage();
+  storage.set_data_ptr_noswap(at::DataPtr{nullptr, c10::Device(kTpu, static_cast<c10::DeviceIndex>(index))});
+  t->set_storage_keep_dtype(std::move(storage));
+}
+
+// This thread's current tpu device (torch.tpu.current_device without the accelerator API's checks).
+int hf_tpu_native_current_device() {
+  return t_current_device;
 }
 
 }  // extern "C"

@@ -1,4 +1,5 @@
-"""torch.tpu's device functions on the stand-in: one device, index 0, random state in hf_tpu.rng."""
+"""torch.tpu's device functions on the stand-in: tpu:0..N-1 (hf_tpu/devices.py: HF_TPU_NUM_DEVICES), the
+current device kept per thread by the C++ hooks (as CUDA's), random state in hf_tpu.rng."""
 
 from __future__ import annotations
 
@@ -19,19 +20,20 @@ def _jax_started() -> bool:
 
 
 def _index(device: Any, optional: bool = True) -> int:
-    """The device index `device` names (-1 for None when optional), checking it is this host's one tpu."""
+    """The device index `device` names (the current device for None, "tpu" or a negative int), checked
+    against this process's devices."""
+    from hf_tpu import devices
+
     if device is None or (isinstance(device, int) and device < 0):
-        return -1
+        return current_device()
     if isinstance(device, str):
         device = torch.device(device)
     if isinstance(device, torch.device):
         if device.type != NAME:
             raise ValueError(f"expected a tpu device, got {device}")
-        return 0 if device.index is None else device.index
+        return current_device() if device.index is None else devices.check_index(device.index)
     if isinstance(device, int):
-        if device != 0:
-            raise ValueError(f"tpu device index {device} out of range: hf-tpu provides one device (index 0)")
-        return 0
+        return devices.check_index(device)
     raise TypeError(f"expected an int, str or torch.device naming a tpu device, got {type(device).__name__}")
 
 
@@ -48,24 +50,39 @@ def _is_in_bad_fork() -> bool:
 
 
 def device_count() -> int:
-    return 1
+    from hf_tpu import devices
+
+    devices.check_config()
+    return devices.COUNT
 
 
 def current_device() -> int:
-    return 0
+    from hf_tpu import devices
+
+    return devices.current_device()
 
 
 def set_device(device: Any) -> None:
-    from hf_tpu.eager_functional import check_device
-
-    check_device(torch.device(NAME, device) if isinstance(device, int) else torch.device(device))
+    """Make `device` this thread's current tpu device (where device="tpu" tensors are made), as
+    torch.cuda.set_device; through PyTorch's accelerator API, so its device guards see the same device."""
+    if device is None or (isinstance(device, int) and device < 0):
+        return  # PyTorch's set_device ignores a negative index
+    torch.accelerator.set_device_index(_index(device))
 
 
 @contextlib.contextmanager
 def device(device: Any) -> Iterator[None]:
-    """Select `device` inside the block (torch_tpu's `torch.tpu.device`); one device, so it validates only."""
-    _index(device)
-    yield
+    """Make `device` current inside the block and restore the previous one after (torch_tpu's and
+    torch.cuda's `device`); None leaves the current device as it is."""
+    if device is None or (isinstance(device, int) and device < 0):
+        yield
+        return
+    before = current_device()
+    set_device(device)
+    try:
+        yield
+    finally:
+        set_device(before)
 
 
 def device_of(obj: Any) -> contextlib.AbstractContextManager[None]:
@@ -75,7 +92,8 @@ def device_of(obj: Any) -> contextlib.AbstractContextManager[None]:
 
 
 def synchronize(device: Any = None) -> None:
-    """Wait for all queued tpu work (JAX dispatches asynchronously)."""
+    """Wait for all queued tpu work (JAX dispatches asynchronously; every device's, which includes
+    `device`'s)."""
     _index(device)
     if _jax_started():
         from hf_tpu import runtime
@@ -169,23 +187,20 @@ def memory_allocated(device: Any = None) -> int:
     """Bytes held by live tpu tensors (hf_tpu/memory.py), as torch.accelerator.memory_allocated()."""
     from hf_tpu import memory
 
-    _index(device)
-    return memory.allocated()
+    return memory.allocated(_index(device))
 
 
 def max_memory_allocated(device: Any = None) -> int:
     """The most bytes live tpu tensors held at once since start or the last reset_peak_memory_stats()."""
     from hf_tpu import memory
 
-    _index(device)
-    return memory.max_allocated()
+    return memory.max_allocated(_index(device))
 
 
 def reset_peak_memory_stats(device: Any = None) -> None:
     from hf_tpu import memory
 
-    _index(device)
-    memory.reset_peak()
+    memory.reset_peak(_index(device))
 
 
 def get_device_name(device: Any = None) -> str:
