@@ -1,4 +1,6 @@
-"""`hf-tpu diagnose ENTRY [--mode eager|compiled] [--out DIR]`: where one entry first goes wrong on `tpu`.
+"""`hf-tpu diagnose ENTRY [--mode eager|compiled] [--phase inference|train] [--out DIR]`: where one entry first
+goes wrong on `tpu`. `--phase train` diagnoses its train row (harness/diagnose/train.py): the first diverging
+gradient's parameter and the backward op.
 
 Without --mode: the failing mode of the entry in the newest results.csv under --reports that has it, else
 eager, then compiled if eager passes (harness/diagnose/pick.py).
@@ -18,6 +20,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                                  "sweep's test entries)")
     p.add_argument("--mode", default=None, choices=("eager", "compiled"),
                    help="default: the failing mode in the newest results.csv with the entry, else try both")
+    p.add_argument("--phase", default="inference", choices=("inference", "train"),
+                   help="which row to diagnose: the forward (default) or the train phase's step")
     p.add_argument("--reports", default="reports", help="where to look for results.csv files when --mode is "
                                                          "not given (default reports/)")
     p.add_argument("--out", default=None, help="report directory (default reports/diagnose/<entry>--<mode>)")
@@ -48,8 +52,13 @@ def run(args) -> int:
     kw = dict(precision=args.precision, dtype=args.dtype, seed=args.seed, overrides=overrides)
 
     def diagnose(mode: str):
-        out = Path(args.out) if args.out else Path("reports") / "diagnose" / safe_dirname(entry.id, mode)
+        name = safe_dirname(entry.id, mode) + ("-train" if args.phase == "train" else "")
+        out = Path(args.out) if args.out else Path("reports") / "diagnose" / name
         out.mkdir(parents=True, exist_ok=True)
+        if args.phase == "train":
+            from harness.diagnose.train import diagnose_train_entry
+
+            return diagnose_train_entry(entry, mode, out, **kw)
         return diagnose_entry(entry, mode, out, **kw)
 
     if args.mode:
@@ -57,7 +66,7 @@ def run(args) -> int:
     else:
         from harness.diagnose.pick import mode_from_results
 
-        mode, source = mode_from_results(entry.id, args.reports)
+        mode, source = mode_from_results(entry.id, args.reports, args.phase)
         if mode:
             print(f"hf-tpu diagnose: mode {mode} (failing in {source})", file=sys.stderr)
             d = diagnose(mode)

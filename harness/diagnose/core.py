@@ -86,6 +86,8 @@ class Diagnosis:
     seconds: float = 0.0
     repro_path: str = ""
     report_path: str = ""
+    phase: str = "inference"  # train: harness/diagnose/train.py
+    located_parameter: str = ""  # train: the first parameter whose gradient diverges (backward order)
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -93,6 +95,9 @@ class Diagnosis:
     def row_fields(self) -> dict:
         """The results.csv columns diagnose fills."""
         found = self.located_op or self.module_class
+        if self.located_parameter:  # a train row names its first diverging gradient's parameter there
+            return {"located_module": self.located_parameter, "located_op": self.located_op,
+                    "repro_path": self.repro_path}
         return {"located_module": self.located_module or ("<model>" if found else ""),
                 "located_op": self.located_op, "repro_path": self.repro_path}
 

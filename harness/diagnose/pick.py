@@ -20,17 +20,21 @@ def results_files(root: str | Path) -> list[Path]:
     return sorted(files, key=lambda p: p.stat().st_mtime, reverse=True)
 
 
-def mode_from_results(entry_id: str, root: str | Path = "reports") -> tuple[str | None, Path | None]:
-    """(failing mode, the results.csv it came from) from the newest file that has `entry_id`; (None, that
-    file) when it has the entry passing in every mode; (None, None) when no file has it."""
+def mode_from_results(entry_id: str, root: str | Path = "reports",
+                      phase: str = "inference") -> tuple[str | None, Path | None]:
+    """(failing mode, the results.csv it came from) from the newest file that has `entry_id` in `phase`; (None,
+    that file) when it has the entry passing in every mode; (None, None) when no file has it. Files from before
+    the phase column hold inference rows."""
     import pandas as pd
 
     for path in results_files(root):
         try:
-            df = pd.read_csv(path, usecols=["entry_id", "mode", "status"], dtype=str, keep_default_na=False)
-        except (ValueError, OSError, pd.errors.ParserError, pd.errors.EmptyDataError):
+            df = pd.read_csv(path, dtype=str, keep_default_na=False)
+            df = df[["entry_id", "mode", "status"] + (["phase"] if "phase" in df.columns else [])]
+        except (ValueError, KeyError, OSError, pd.errors.ParserError, pd.errors.EmptyDataError):
             continue  # not a sweep's results.csv (or unreadable): look further
-        rows = df[df["entry_id"] == entry_id]
+        in_phase = df["phase"].replace("", "inference") == phase if "phase" in df.columns else phase == "inference"
+        rows = df[(df["entry_id"] == entry_id) & in_phase]
         if rows.empty:
             continue
         status = dict(zip(rows["mode"], rows["status"], strict=False))

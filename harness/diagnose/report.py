@@ -18,7 +18,11 @@ def _fmt(x) -> str:
 
 
 def _lines(d) -> list[tuple[str, str]]:
-    rows = [("entry", d.entry_id), ("mode", d.mode), ("status", d.status), ("found", d.summary)]
+    phase = getattr(d, "phase", "inference")
+    rows = [("entry", d.entry_id), ("mode", d.mode if phase == "inference" else f"{d.mode}, train phase"),
+            ("status", d.status), ("found", d.summary)]
+    if getattr(d, "located_parameter", ""):
+        rows.append(("parameter", f"{d.located_parameter} (first diverging gradient, backward order)"))
     if d.located_module or d.located_op:
         rows.append(("module", (d.located_module or "<model>") + (f" ({d.module_class})" if d.module_class else "")))
     if d.located_op:
@@ -54,7 +58,8 @@ def _lines(d) -> list[tuple[str, str]]:
 
 
 def markdown(d) -> str:
-    out = [f"# Diagnosis: `{d.entry_id}` ({d.mode})", "", "| | |", "|---|---|"]
+    phase = "" if getattr(d, "phase", "inference") == "inference" else ", train"
+    out = [f"# Diagnosis: `{d.entry_id}` ({d.mode}{phase})", "", "| | |", "|---|---|"]
     for k, v in _lines(d):
         out.append(f"| {k} | {str(v).replace('|', chr(92) + '|')} |")
     return "\n".join(out) + "\n"

@@ -36,6 +36,16 @@ def test_newest_results_with_the_entry_decide(tmp_path) -> None:
     assert mode_from_results("x/a", tmp_path / "missing") == (None, None)
 
 
+def test_the_train_phase_picks_among_train_rows(tmp_path) -> None:
+    both = _run(tmp_path / "both", [row("x/a", mode="eager", status="pass"),
+                                    row("x/a", mode="compiled", status="pass"),
+                                    row("x/a", mode="eager", status="pass", phase="train"),
+                                    row("x/a", mode="compiled", status="fail_accuracy", phase="train")])
+    assert mode_from_results("x/a", tmp_path) == (None, both)  # the inference rows pass
+    assert mode_from_results("x/a", tmp_path, "train") == ("compiled", both)
+    assert mode_from_results("x/b", tmp_path, "train") == (None, None)
+
+
 def _diagnose(*args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     return subprocess.run([sys.executable, "-m", "harness", "diagnose", *args], cwd=REPO, env=env,

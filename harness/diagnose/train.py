@@ -1,0 +1,302 @@
+"""`hf-tpu diagnose ENTRY --phase train`: where a train row (harness/sweep/train.py) first goes wrong on `tpu`.
+
+One training step (forward, loss, backward) of a fresh copy of the model, as the sweep's step 1, on CPU, in
+float64 and on `tpu`:
+- fail_accuracy: the parameter whose gradient goes wrong first, in the order the backward pass produces
+  gradients (post-accumulate-grad hooks on the CPU run): the one nearest the loss, where the wrong op sits or
+  which it feeds first; parameters further from the loss inherit its error. Then the op:
+  - eager: the CPU step runs under a TorchDispatchMode that records every ATen op with its inputs, the
+    backward's ops after a marker. Each op is replayed on `tpu` with the same inputs (ops.replay), backward
+    first when the loss agrees (the forward is right), from the start otherwise; the first op whose result
+    differs is named with its stage.
+  - compiled: the forward and backward graphs AOTAutograd hands the `tpu` backend are walked node by node,
+    PyTorch's CPU kernel against hf_tpu's lowering on the recorded inputs (compiled.locate_in_graphs).
+- fail_to_run / compile_fail: the stage (forward or backward) and the ATen op that raised, as for inference.
+Gradients that are zero in exact arithmetic are left out as the sweep leaves them out (train.null_gradients).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from harness.diagnose import compiled as C
+from harness.diagnose import repro as R
+from harness.diagnose.core import Diagnosis, _diff_dicts, _finish, _first_line, _launch_blocking, _set_precision
+from harness.diagnose.ops import FailureProbe, OpCall, RecordOps, clone_cpu, describe, replay, spec_text
+from harness.entry_calls import compile_call, failure_status, prepare_inputs, prepare_model
+from harness.sweep import draws, emulate, numerics
+from harness.sweep import train as T
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+class _Step:
+    """One forward + backward of the sweep's step 1: the loss, the gradients in the order backward produced
+    them, and where the backward started (an index into a recorder's calls, or into the compiled graphs)."""
+
+    def __init__(self) -> None:
+        self.loss: torch.Tensor | None = None
+        self.grads: dict[str, torch.Tensor] = {}
+        self.order: list[str] = []
+        self.backward_at = 0
+        self.stage = ""
+        self.error: BaseException | None = None
+
+
+def _train_step(built: Any, entry: Any, device: str | None, dtype: Any, seed: int, rebuild: Callable | None,
+                backend: Any = None, recorder: Any = None, mark: Callable[[], int] | None = None) -> _Step:
+    """Step 1 as harness/sweep/train.py runs it (eval mode, its loss, its inputs), without the optimizer."""
+    s = _Step()
+    model = prepare_model(built.model, device, dtype, rebuild)
+    model.eval()  # dropout off, as in the sweep
+    params = [(n, p) for n, p in model.named_parameters() if p.requires_grad and p.is_floating_point()]
+    for name, p in params:
+        p.register_post_accumulate_grad_hook(lambda _p, _n=name: s.order.append(_n))
+    fn = built.call if backend is None else compile_call(built.call, model, backend)
+    s.stage = "step 1 forward"
+    try:
+        with torch.enable_grad(), draws.shared_draws(seed), recorder or contextlib.nullcontext():
+            torch.manual_seed(seed)
+            inputs = T.train_inputs(entry, model, prepare_inputs(built.inputs, device, dtype))
+            loss = T.scalar_loss(fn(model, inputs))
+            s.loss = loss.detach().to("cpu").double()
+            s.stage = "step 1 backward"
+            s.backward_at = mark() if mark else 0
+            loss.backward()
+    except Exception as exc:  # noqa: BLE001
+        s.error = exc
+        return s
+    s.grads = {n: p.grad.detach().to("cpu") for n, p in params if p.grad is not None}
+    return s
+
+
+def _compare_grads(ref: _Step, res: _Step, fp64: _Step | None, tol: numerics.Tolerance,
+                   skip: list[str]) -> tuple[list[str], dict]:
+    """(parameters whose gradient fails the numerics rule, in backward order; the first one's metrics)."""
+    bad, first = [], {}
+    for name in ref.order:
+        if name in skip or name not in ref.grads or name not in res.grads:
+            continue
+        f64 = fp64.grads.get(name) if fp64 is not None else None
+        ok, m, reason = numerics.compare_tensor(f"grad.{name}", ref.grads[name], res.grads[name], f64, tol)
+        if not ok:
+            bad.append(name)
+            first = first or {"name": f"grad.{name}", "match": False, "reason": reason,
+                              "max_abs_err": m.get("max_abs_err"), "max_rel_err": m.get("max_rel_err"),
+                              "cosine": m.get("cosine")}
+    return bad, first
+
+
+def _first_differing_op(calls: list[OpCall], start: int, stop: int, tol: numerics.Tolerance) -> tuple[int, Any]:
+    """(index, replay result) of the first recorded op in [start, stop) whose tpu replay differs or raises."""
+    for i in range(start, min(stop, len(calls))):
+        r = replay(calls[i], "tpu", tol)
+        if not r.skipped and not r.match:
+            return i, r
+    return -1, None
+
+
+def diagnose_train_built(built: Any, entry: Any, mode: str = "eager", *, out_dir: str | Path | None = None,
+                         precision: str = "highest", dtype: str = "float32", seed: int = 0,
+                         overrides: numerics.Overrides | None = None, rebuild: Callable | None = None) -> Diagnosis:
+    """Diagnose the train row of one built entry (a zoo BuiltEntry or anything with model, inputs, call; `entry`
+    gives the id and task)."""
+    start = time.perf_counter()
+    tol = numerics.tolerance_for(entry.id, precision, dtype, overrides)
+    d = Diagnosis(entry.id, mode, "pass", precision=precision, dtype=dtype, tol=tol.tol, phase="train")
+    out = Path(out_dir) if out_dir else None
+    why = T.not_trainable(built.model)
+    if why:
+        d.status, d.summary = "not_available", why
+        return _finish(d, start, out)
+    tdtype = DTYPES[dtype] if dtype != "float32" else None
+
+    rec = RecordOps(keep=mode == "eager")  # the compiled walk needs no CPU recording
+    with emulate.matmul_precision(precision):  # the sweep's oracle: IEEE float32 with tpu's matmul rounding
+        ref = _train_step(built, entry, None, tdtype, seed, rebuild, recorder=rec, mark=lambda: len(rec.calls))
+    if ref.error is not None:
+        d.status, d.error_type, d.error_message = "baseline_fail", type(ref.error).__name__, _first_line(ref.error)
+        d.summary = f"{ref.stage} fails on CPU: {d.error_type}: {d.error_message}"
+        return _finish(d, start, out)
+    with emulate.cpu_reference():
+        f64 = _train_step(built, entry, None, torch.float64, seed, rebuild)
+    fp64 = _valid_reference(ref, f64, tol, d)
+    null = T.null_gradients({f"grad.{k}": v for k, v in ref.grads.items()},
+                            {f"grad.{k}": v for k, v in f64.grads.items()} if f64.error is None else None)
+    if null:
+        d.notes.append(T.null_note(null))
+
+    _set_precision(precision)
+    graphs: list[C.Graph] = []
+    with _launch_blocking():
+        if mode == "compiled":
+            torch._dynamo.reset()
+            with C.watch() as graphs:
+                res = _train_step(built, entry, "tpu", tdtype, seed, rebuild, backend="tpu",
+                                  mark=lambda: len(graphs))
+        else:
+            probe = FailureProbe()
+            res = _train_step(built, entry, "tpu", tdtype, seed, rebuild, recorder=probe)
+    if res.error is not None:
+        _failed(d, res, mode, graphs, precision, tol, probe if mode == "eager" else None, out)
+        return _finish(d, start, out)
+
+    loss_ok, _, loss_why = numerics.compare_tensor("loss.step1", ref.loss, res.loss,
+                                                   fp64.loss if fp64 is not None else None, tol)
+    bad, first = _compare_grads(ref, res, fp64, tol, null)
+    if loss_ok and not bad:
+        d.summary = (f"step 1's loss and the gradients of {len(ref.grads) - len(null)} parameter(s) agree with CPU "
+                     "(the optimizer steps are not re-run here)")
+        return _finish(d, start, out)
+    d.status = "fail_accuracy"
+    if bad:
+        d.located_parameter = bad[0]
+        d.located_module = bad[0].rpartition(".")[0]
+        d.module_class = _class_of(built.model, d.located_module)
+        d.output_diffs = [first]
+        d.notes.append(f"{len(bad)} of {len(ref.order)} gradients diverge; in backward order: "
+                       + ", ".join(bad[:6]) + (" ..." if len(bad) > 6 else ""))
+    what = (f"the loss diverges ({loss_why})" if not loss_ok else
+            f"first diverging gradient (backward order): {bad[0]}")
+    if mode == "compiled":
+        _locate_in_graphs(d, graphs, precision, tol, out, what)
+    else:
+        _locate_by_replay(d, rec, ref.backward_at, loss_ok, tol, out, what)
+    return _finish(d, start, out)
+
+
+def _valid_reference(ref: _Step, f64: _Step, tol: numerics.Tolerance, d: Diagnosis) -> _Step | None:
+    """The float64 step when the sweep's train phase would trust it (the same rule, REFERENCE_FACTOR)."""
+    if f64.error is not None:
+        d.notes.append(f"no float64 reference ({type(f64.error).__name__}): allclose alone judges")
+        return None
+    a = {"loss.step1": ref.loss, **{f"grad.{k}": v for k, v in ref.grads.items()}}
+    b = {"loss.step1": f64.loss, **{f"grad.{k}": v for k, v in f64.grads.items()}}
+    b = T.without(b, T.null_gradients(a, b))
+    a = T.without(a, T.null_gradients(a, b))
+    ok, why = numerics.reference_valid(a, b, replace(tol, reference=tol.reference * T.REFERENCE_FACTOR))
+    if not ok:
+        d.notes.append(f"float64 reference invalid ({why}): allclose alone judges")
+    return f64 if ok else None
+
+
+def _class_of(model: Any, path: str) -> str:
+    try:
+        return type(model.get_submodule(path)).__name__ if path else type(model).__name__
+    except AttributeError:
+        return ""
+
+
+def _set_op(d: Diagnosis, call: OpCall) -> None:
+    d.located_op = call.name
+    d.op_inputs = [spec_text(describe(a)) for a in call.args]
+    d.op_kwargs = {k: spec_text(describe(v)) for k, v in call.kwargs.items()}
+
+
+def _locate_by_replay(d: Diagnosis, rec: RecordOps, backward_at: int, loss_ok: bool, tol: numerics.Tolerance,
+                      out: Path | None, what: str) -> None:
+    calls = rec.calls
+    # the loss agrees: the forward is right, so the backward's ops first (then the forward's, whose saved
+    # activations the backward reads, in case one is off within the loss's tolerance)
+    order = [(backward_at, len(calls)), (0, backward_at)] if loss_ok else [(0, len(calls))]
+    for lo, hi in order:
+        i, r = _first_differing_op(calls, lo, hi, tol)
+        if r is not None:
+            break
+    d.ops_replayed = len(calls)
+    if r is None:
+        d.summary = (f"{what}; no single op of the {len(calls)} recorded differs on tpu on the same inputs "
+                     "(the divergence builds up over ops that each agree within tolerance)")
+        return
+    stage = "backward" if i >= backward_at else "forward"
+    _set_op(d, r.call)
+    d.op_diffs = _diff_dicts([x for x in r.diffs if not x.match])
+    detail = r.error or (d.op_diffs[0]["reason"] if d.op_diffs else "")
+    index = i - backward_at if stage == "backward" else i
+    d.summary = (f"{what}; the first op that differs on tpu on the same inputs is {stage} op #{index} "
+                 f"{r.call.name} ({', '.join(d.op_inputs)}): {detail}")
+    d.notes.append(f"stage: {stage}")
+    _op_repro(d, r.call, out, "eager")
+
+
+def _locate_in_graphs(d: Diagnosis, graphs: list[C.Graph], precision: str, tol: numerics.Tolerance,
+                      out: Path | None, what: str) -> None:
+    finding = C.locate_in_graphs(graphs, precision, tol, compare_values=True) if graphs else None
+    if finding is None:
+        d.summary = (f"{what}; no node of the {len(graphs)} compiled graph(s) (forward and backward) differs from "
+                     "PyTorch's CPU kernel on the same inputs")
+        return
+    _set_op(d, finding.call)
+    d.op_diffs = _diff_dicts([x for x in finding.diffs if not x.match])
+    if finding.module and not d.located_module:
+        d.located_module, d.module_class = finding.module, finding.module_class
+    stage = _graph_stage(graphs, finding)
+    d.summary = f"{what}; {finding.op} ({stage} graph node {finding.node}) differs from CPU on the same inputs: " \
+                f"{finding.detail}"
+    d.notes.append(f"stage: {stage}")
+    _op_repro(d, finding.call, out, "compiled")
+
+
+def _graph_stage(graphs: list[C.Graph], finding: C.NodeFinding) -> str:
+    """AOTAutograd's backward graph takes the forward's saved tensors and the output's gradient ("tangents")."""
+    for g in graphs:
+        if any(n.name == finding.node for n in g.gm.graph.nodes):
+            tangents = any(n.op == "placeholder" and "tangents" in n.name for n in g.gm.graph.nodes)
+            return "backward" if tangents else "forward"
+    return "compiled"
+
+
+def _failed(d: Diagnosis, res: _Step, mode: str, graphs: list[C.Graph], precision: str, tol: numerics.Tolerance,
+            probe: FailureProbe | None, out: Path | None) -> None:
+    exc = res.error
+    d.status = failure_status(exc, mode, True)
+    d.error_type, d.error_message = type(exc).__name__, _first_line(exc)
+    d.notes.append(f"failed at {res.stage}")
+    op = getattr(exc, "op", "") or ""
+    call = probe.failed if probe is not None else None
+    if mode == "compiled" and graphs:
+        f = C.locate_in_graphs(graphs, precision, tol, want_op=str(op))
+        call = f.call if f is not None else None
+        if f is not None:
+            d.located_module, d.module_class = f.module, f.module_class
+    if call is not None:
+        _set_op(d, call)
+        d.located_module = d.located_module or call.module
+    elif op:
+        d.located_op = str(op)
+    d.summary = (f"{res.stage} raises on tpu" + (f" in {d.located_op}" if d.located_op else "")
+                 + (f" with inputs {', '.join(d.op_inputs)}" if d.op_inputs else "")
+                 + f": {d.error_type}: {d.error_message}")
+    if call is not None:
+        _op_repro(d, call, out, mode)
+
+
+def _op_repro(d: Diagnosis, call: OpCall, out: Path | None, mode: str) -> None:
+    if out is None:
+        return
+    try:
+        d.repro_path = str(R.write_op_repro(out / "repro.py", call.op, clone_cpu(call.args), clone_cpu(call.kwargs),
+                                            mode=mode, tol=d.tol, precision=d.precision, dtype=d.dtype,
+                                            entry_id=d.entry_id, module=d.located_module or "<model>",
+                                            module_class=d.module_class, summary=d.summary))
+    except ValueError as exc:
+        d.notes.append(f"op repro not possible: {exc}")
+
+
+def diagnose_train_entry(entry: Any, mode: str = "eager", out_dir: str | Path | None = None, **kw: Any) -> Diagnosis:
+    seed = kw.get("seed", 0)
+    try:
+        built = entry.build(seed=seed)
+    except Exception as exc:  # noqa: BLE001
+        d = Diagnosis(entry.id, mode, "not_available", phase="train", error_type=type(exc).__name__,
+                      error_message=_first_line(exc), summary=f"the entry cannot be built: {_first_line(exc)}")
+        return _finish(d, time.perf_counter(), Path(out_dir) if out_dir else None)
+    return diagnose_train_built(built, entry, mode, out_dir=out_dir, rebuild=lambda: entry.build(seed=seed).model,
+                                **kw)
