@@ -51,7 +51,8 @@ class _Step:
 
 
 def _train_step(built: Any, entry: Any, device: str | None, dtype: Any, seed: int, rebuild: Callable | None,
-                backend: Any = None, recorder: Any = None, mark: Callable[[], int] | None = None) -> _Step:
+                backend: Any = None, recorder: Any = None, mark: Callable[[], int] | None = None,
+                exclude: tuple[str, ...] = ()) -> _Step:
     """Step 1 as harness/sweep/train.py runs it (eval mode, its loss, its inputs), without the optimizer."""
     s = _Step()
     model = prepare_model(built.model, device, dtype, rebuild)
@@ -65,7 +66,7 @@ def _train_step(built: Any, entry: Any, device: str | None, dtype: Any, seed: in
         with torch.enable_grad(), draws.shared_draws(seed), recorder or contextlib.nullcontext():
             torch.manual_seed(seed)
             inputs = T.train_inputs(entry, model, prepare_inputs(built.inputs, device, dtype))
-            loss = T.scalar_loss(fn(model, inputs))
+            loss = T.scalar_loss(fn(model, inputs), exclude)
             s.loss = loss.detach().to("cpu").double()
             s.stage = "step 1 backward"
             s.backward_at = mark() if mark else 0
@@ -73,7 +74,9 @@ def _train_step(built: Any, entry: Any, device: str | None, dtype: Any, seed: in
     except Exception as exc:  # noqa: BLE001
         s.error = exc
         return s
-    s.grads = {n: p.grad.detach().to("cpu") for n, p in params if p.grad is not None}
+    # no gradient is a zero one (compiled mode materialises the zeros), as the sweep compares them
+    s.grads = {n: p.grad.detach().to("cpu") if p.grad is not None else torch.zeros_like(p, device="cpu")
+               for n, p in params}
     return s
 
 
@@ -81,7 +84,8 @@ def _compare_grads(ref: _Step, res: _Step, fp64: _Step | None, tol: numerics.Tol
                    skip: list[str]) -> tuple[list[str], dict]:
     """(parameters whose gradient fails the numerics rule, in backward order; the first one's metrics)."""
     bad, first = [], {}
-    for name in ref.order:
+    # the parameters backward gave no gradient (zeros) last: they are furthest from the loss
+    for name in ref.order + [n for n in ref.grads if n not in ref.order]:
         if name in skip or name not in ref.grads or name not in res.grads:
             continue
         f64 = fp64.grads.get(name) if fp64 is not None else None
@@ -120,13 +124,14 @@ def diagnose_train_built(built: Any, entry: Any, mode: str = "eager", *, out_dir
 
     rec = RecordOps(keep=mode == "eager")  # the compiled walk needs no CPU recording
     with emulate.matmul_precision(precision):  # the sweep's oracle: IEEE float32 with tpu's matmul rounding
-        ref = _train_step(built, entry, None, tdtype, seed, rebuild, recorder=rec, mark=lambda: len(rec.calls))
+        ref = _train_step(built, entry, None, tdtype, seed, rebuild, recorder=rec, mark=lambda: len(rec.calls),
+                          exclude=tol.data_dependent)
     if ref.error is not None:
         d.status, d.error_type, d.error_message = "baseline_fail", type(ref.error).__name__, _first_line(ref.error)
         d.summary = f"{ref.stage} fails on CPU: {d.error_type}: {d.error_message}"
         return _finish(d, start, out)
     with emulate.cpu_reference():
-        f64 = _train_step(built, entry, None, torch.float64, seed, rebuild)
+        f64 = _train_step(built, entry, None, torch.float64, seed, rebuild, exclude=tol.data_dependent)
     fp64 = _valid_reference(ref, f64, tol, d)
     null = T.null_gradients({f"grad.{k}": v for k, v in ref.grads.items()},
                             {f"grad.{k}": v for k, v in f64.grads.items()} if f64.error is None else None)
@@ -140,10 +145,10 @@ def diagnose_train_built(built: Any, entry: Any, mode: str = "eager", *, out_dir
             torch._dynamo.reset()
             with C.watch() as graphs:
                 res = _train_step(built, entry, "tpu", tdtype, seed, rebuild, backend="tpu",
-                                  mark=lambda: len(graphs))
+                                  mark=lambda: len(graphs), exclude=tol.data_dependent)
         else:
             probe = FailureProbe()
-            res = _train_step(built, entry, "tpu", tdtype, seed, rebuild, recorder=probe)
+            res = _train_step(built, entry, "tpu", tdtype, seed, rebuild, recorder=probe, exclude=tol.data_dependent)
     if res.error is not None:
         _failed(d, res, mode, graphs, precision, tol, probe if mode == "eager" else None, out)
         return _finish(d, start, out)

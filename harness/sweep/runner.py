@@ -170,7 +170,8 @@ def run_train_phase(entry, built, modes: tuple[str, ...], opts: SweepOptions, de
     emit("phase", "train-baseline")
     try:
         with emulate.matmul_precision(opts.precision):
-            ref = train.run_steps(built, entry, None, opts.train_steps, dtype, opts.seed, rebuild)["tensors"]
+            ref = train.run_steps(built, entry, None, opts.train_steps, dtype, opts.seed, rebuild,
+                                  exclude=tol.data_dependent)["tensors"]
     except train.StepError as err:
         for m in modes:
             emit("row", {**base[m], "status": "baseline_fail", **errors.error_fields(err.exc), "failed_at": err.stage,
@@ -181,7 +182,8 @@ def run_train_phase(entry, built, modes: tuple[str, ...], opts: SweepOptions, de
         emit("phase", "train-reference")
         try:
             with cpu_reference():
-                fp64 = train.run_steps(built, entry, None, opts.train_steps, torch.float64, opts.seed, rebuild)["tensors"]
+                fp64 = train.run_steps(built, entry, None, opts.train_steps, torch.float64, opts.seed, rebuild,
+                                       exclude=tol.data_dependent)["tensors"]
         except train.StepError:
             fp64 = None
     null = train.null_gradients(ref, fp64)  # float32 noise on both sides: not compared
@@ -198,8 +200,8 @@ def run_train_phase(entry, built, modes: tuple[str, ...], opts: SweepOptions, de
         emit("row", row)
         if row.get("status") in control.CONTROLLED:
             emit("phase", "control")
-            cause = train.run_control(built, entry, opts, dtype, rebuild) if mode == "compiled" else {
-                "cause": "backend", "control_error": ""}
+            cause = (train.run_control(built, entry, opts, dtype, rebuild, tol.data_dependent)
+                     if mode == "compiled" else {"cause": "backend", "control_error": ""})
             emit("cause", {"mode": mode, "phase": "train", **cause})
 
 

@@ -6,7 +6,12 @@ data, compared step by step with the numerics rule (harness/sweep/numerics.py).
 - The loss is the model's own where its output has one (`loss`; causal-lm entries get labels = input_ids when
   their forward takes labels); otherwise a fixed reduction of its outputs: the sum over floating output tensors
   that depend on the parameters of mean(t.float() ** 2). Squares, not plain means: the mean of a softmax or a
-  normalised output is constant and has no gradient.
+  normalised output is constant and has no gradient. Data-dependent outputs (tolerances.yaml `data_dependent`:
+  a detector's thresholded keypoints, scores and descriptors) are left out of that sum: a float32 rounding that
+  flips a threshold changes which elements it holds, and the loss jumps (SuperPoint's, over its selections,
+  was 4.6% of its scale between float32 and float64 on CPU itself).
+- A parameter without a gradient (it feeds only outputs the loss leaves out) has a zero one: torch.compile's
+  AOTAutograd materialises those zeros where eager autograd leaves `.grad` None, and both mean the same.
 - Compared (names in the row's error message): loss.stepK for every step, grad_norm.step1, grad.<param> of
   step 1 (a wrong backward names its parameter), weight.<param> after the last step.
 - A step that raises names itself in `failed_at`: "step K forward | backward | optimizer".
@@ -59,17 +64,20 @@ class StepError(Exception):
         self.stage, self.exc = stage, exc
 
 
-def scalar_loss(output: Any):
-    """The model's own loss if it returned one, else sum of mean(t**2) over its differentiable float outputs."""
+def scalar_loss(output: Any, exclude: tuple[str, ...] = ()):
+    """The model's own loss if it returned one, else sum of mean(t**2) over its differentiable float outputs
+    except the `exclude`d ones (data-dependent outputs: a name or its dotted prefix)."""
     import torch
 
     loss = output.get("loss") if hasattr(output, "get") else getattr(output, "loss", None)
     if isinstance(loss, torch.Tensor) and loss.numel() == 1 and loss.requires_grad:
         return loss.reshape(())
-    terms = [t.float().pow(2).mean() for t in output_tensors(output).values()
-             if isinstance(t, torch.Tensor) and t.requires_grad and t.is_floating_point()]
+    terms = [t.float().pow(2).mean() for name, t in output_tensors(output).items()
+             if isinstance(t, torch.Tensor) and t.requires_grad and t.is_floating_point()
+             and not any(name == x or name.startswith(x + ".") for x in exclude)]
     if not terms:
-        raise ValueError("no output depends on a trainable parameter: nothing to train")
+        raise ValueError("no output depends on a trainable parameter" + (
+            f" apart from the data-dependent ones ({', '.join(exclude)})" if exclude else "") + ": nothing to train")
     return torch.stack([t.reshape(()) for t in terms]).sum()
 
 
@@ -119,11 +127,13 @@ def _to_cpu(t):
 
 def run_steps(built: Any, entry: Any, device: str | None, steps: int, dtype: Any = None, seed: int = 0,
               rebuild: Callable | None = None, compile_backend: Any = None, context: Callable | None = None,
-              counter: Callable[[], int | None] | None = None, max_extra: int = 0) -> dict:
+              counter: Callable[[], int | None] | None = None, max_extra: int = 0,
+              exclude: tuple[str, ...] = ()) -> dict:
     """Train a fresh copy of the entry's model for `steps` steps on `device` (None: CPU). Returns {"tensors":
     named CPU tensors to compare, "times": seconds per step, "counts": compile count after each step,
     "optimizer": label, "extra_times"/"extra_counts": up to `max_extra` further steps run only while the compile
-    count is not yet stable (warmup, not compared)}. Raises StepError."""
+    count is not yet stable (warmup, not compared)}. `exclude`: outputs the fixed loss leaves out
+    (scalar_loss). Raises StepError."""
     import contextlib
 
     import torch
@@ -147,13 +157,14 @@ def run_steps(built: Any, entry: Any, device: str | None, steps: int, dtype: Any
                 torch.manual_seed(seed)
                 t0 = time.perf_counter()
                 opt.zero_grad(set_to_none=True)
-                loss = scalar_loss(fn(model, inputs))
+                loss = scalar_loss(fn(model, inputs), exclude)
                 stage = f"step {k} backward"
                 loss.backward()
                 if record:
                     out[f"loss.step{k}"] = _to_cpu(loss).double()
                 if record and k == 1:
-                    grads = {n: _to_cpu(p.grad) for n, p in params if p.grad is not None}
+                    grads = {n: _to_cpu(p.grad) if p.grad is not None else torch.zeros_like(p, device="cpu")
+                             for n, p in params}
                     out["grad_norm.step1"] = torch.stack([g.double().norm() for g in grads.values()]).norm() \
                         if grads else torch.zeros((), dtype=torch.float64)
                     out.update({f"grad.{n}": g for n, g in grads.items()})
@@ -242,7 +253,8 @@ def run_train(mode: str, built: Any, entry: Any, ref: dict, fp64: dict | None, o
 
     try:
         got = run_steps(built, entry, device.name, steps, dtype, opts.seed, rebuild, backend, context,
-                        counter=lambda: device.stats().get("compilations"), max_extra=perf.MAX_WARMUP)
+                        counter=lambda: device.stats().get("compilations"), max_extra=perf.MAX_WARMUP,
+                        exclude=tol.data_dependent)
     except StepError as err:
         row.update(status=failure_status(err.exc, mode, err.stage.startswith("step 1")),
                    **errors.error_fields(err.exc), failed_at=err.stage)
@@ -294,13 +306,15 @@ def first_diverging_grad(ref: dict, res: dict, fp64: dict | None, tol: numerics.
     return ""
 
 
-def run_control(built: Any, entry: Any, opts: Any, dtype: Any = None, rebuild: Callable | None = None) -> dict:
+def run_control(built: Any, entry: Any, opts: Any, dtype: Any = None, rebuild: Callable | None = None,
+                exclude: tuple[str, ...] = ()) -> dict:
     """The train row's control: the same training steps compiled with aot_eager on CPU (compiled mode), the
     CPU baseline itself otherwise (it ran, or the row would be baseline_fail)."""
     from harness.sweep.control import CONTROL_BACKEND
 
     try:
-        run_steps(built, entry, None, getattr(opts, "train_steps", 3), dtype, opts.seed, rebuild, CONTROL_BACKEND)
+        run_steps(built, entry, None, getattr(opts, "train_steps", 3), dtype, opts.seed, rebuild, CONTROL_BACKEND,
+                  exclude=exclude)
     except StepError as err:
         f = errors.error_fields(err.exc)
         return {"cause": "upstream",

@@ -112,3 +112,49 @@ def test_time_fields_split_warmup_from_steady_steps():
     assert "warmup_s" not in perf.time_fields([9.0, 3.0, 1.0], None)  # never stable: no overhead to state
     assert perf.time_fields([9.0, 3.0, 1.0], None)["run_s"] == 2.0  # every call after the first
     assert perf.time_fields([], 1) == {}
+
+
+def _two_layer_built():
+    import types
+
+    import torch
+    from torch import nn
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.used = nn.Linear(8, 4)
+            self.unused = nn.Linear(8, 4)  # its output is computed and dropped: no gradient reaches it
+
+        def forward(self, x):
+            self.unused(x)
+            return {"logits": self.used(x)}
+
+    torch.manual_seed(0)
+    built = types.SimpleNamespace(model=Net(), inputs={"x": torch.randn(2, 8)}, call=lambda m, i: m(**i))
+    return built, types.SimpleNamespace(id="x/net", task="feature-extraction")
+
+
+def test_a_parameter_without_a_gradient_has_a_zero_one_in_both_modes():
+    """Eager autograd leaves .grad None where AOTAutograd may materialise zeros (DPT compiled had gradients
+    CPU lacked): both are recorded as zeros, so the two modes compare the same tensors."""
+    import torch
+
+    built, entry = _two_layer_built()
+    eager = train.run_steps(built, entry, None, 1)["tensors"]
+    compiled = train.run_steps(built, entry, None, 1, compile_backend="aot_eager")["tensors"]
+    assert set(eager) == set(compiled)
+    assert torch.equal(eager["grad.unused.weight"], torch.zeros(4, 8))
+    assert eager["grad.used.weight"].abs().sum() > 0
+
+
+def test_data_dependent_outputs_are_left_out_of_the_fixed_loss():
+    import pytest
+    import torch
+
+    w = torch.tensor([1.0, 2.0], requires_grad=True)
+    out = {"scores": w * 3, "hidden_states": (w * 2,)}
+    assert torch.allclose(train.scalar_loss(out, ("scores",)), (w * 2).pow(2).mean())
+    assert torch.allclose(train.scalar_loss(out), (w * 3).pow(2).mean() + (w * 2).pow(2).mean())
+    with pytest.raises(ValueError, match=r"apart from the data-dependent ones \(scores, hidden_states\)"):
+        train.scalar_loss(out, ("scores", "hidden_states"))
