@@ -9,7 +9,7 @@ import copy
 from collections.abc import Callable
 from typing import Any
 
-from harness.core import errors
+from harness.core import errors, model_dtype
 
 
 def output_tensors(output: Any) -> dict:
@@ -58,6 +58,8 @@ def _map_tensors(obj: Any, fn: Callable) -> Any:
 def prepare_inputs(inputs: dict, device: str | None = None, dtype: Any = None) -> dict:
     """A fresh copy of the inputs on `device`, floating tensors cast to `dtype` (generators re-seeded)."""
 
+    dtype = model_dtype.input_dtype(dtype)
+
     def fn(t):
         if dtype is not None and t.is_floating_point():
             t = t.to(dtype)
@@ -67,7 +69,8 @@ def prepare_inputs(inputs: dict, device: str | None = None, dtype: Any = None) -
 
 
 def prepare_model(model: Any, device: str | None = None, dtype: Any = None, rebuild: Callable | None = None) -> Any:
-    """A copy of the model (the built one stays untouched on CPU), cast and moved. Where a model cannot be
+    """A copy of the model (the built one stays untouched on CPU), cast (`dtype`: a torch.dtype or a
+    harness.core.model_dtype.LayerwiseCast) and moved. Where a model cannot be
     deep-copied, `rebuild()` builds it again (entries are deterministic for a seed)."""
     try:
         m = copy.deepcopy(model)
@@ -76,7 +79,7 @@ def prepare_model(model: Any, device: str | None = None, dtype: Any = None, rebu
             raise
         m = rebuild()
     if dtype is not None:
-        m = m.to(dtype)
+        m = model_dtype.cast_model(m, dtype)  # a torch.dtype, or float8 storage (harness.core.model_dtype)
     if device is not None:
         m = m.to(device)
     return m

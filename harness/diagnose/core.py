@@ -152,6 +152,10 @@ def _set_precision(p: str) -> None:
 
 
 def _dtype(name: str):
+    if name not in ("float32", "bfloat16"):
+        # float8 storage hooks every layer's forward; the module replays here would need those hooks too
+        raise ValueError(f"diagnose runs at float32 or bfloat16, not {name!r}: diagnose the row at bfloat16 "
+                         "(--dtype bfloat16): float8 storage only changes the weights, identically on both sides")
     return {"float32": torch.float32, "bfloat16": torch.bfloat16}[name]
 
 

@@ -10,10 +10,11 @@ import os
 import sys
 from pathlib import Path
 
+from harness.core.model_dtype import FLOAT8_STORAGE, MODEL_DTYPES
 from harness.schema import MODES, PHASES
 
 PRECISIONS = ("highest", "high", "medium")
-DTYPES = ("float32", "bfloat16")
+DTYPES = MODEL_DTYPES
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -23,7 +24,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "train runs 3 AdamW steps per entry and mode against CPU (harness/sweep/train.py)")
     g.add_argument("--modes", default=None, help="comma-separated among eager,fused,compiled (default eager,compiled)")
     g.add_argument("--precision", default=None, choices=PRECISIONS, help="float32 matmul precision on tpu (default highest)")
-    g.add_argument("--dtype", default=None, choices=DTYPES, help="model dtype (default float32)")
+    g.add_argument("--dtype", default=None, choices=DTYPES, help="model dtype (default float32); a float8 name stores the weights "
+                   "in float8 and computes in bfloat16 (Diffusers' layerwise casting, harness/core/model_dtype.py)")
     g.add_argument("--baseline", default=None, choices=("cpu", "cuda"), help="baseline device (cuda when present)")
     g.add_argument("--device", default=None, choices=("tpu", "cpu"),
                    help="device under test: tpu; cpu is the harness's own control (backend runs on CPU)")
@@ -118,6 +120,10 @@ def build_options(args) -> SweepOptions:  # noqa: F821
 
     if any(x not in STATUSES for x in retry):
         raise BadInput(f"bad --retry {args.retry!r}: expected statuses among {', '.join(STATUSES)}")
+    phases = [x.strip() for x in (args.phases or "").split(",")]
+    if "train" in phases and (args.dtype or "float32") in FLOAT8_STORAGE:
+        raise BadInput(f"--dtype {args.dtype} with --phases train: float8 storage (layerwise casting) is for "
+                       "inference; its weights take no optimizer step. Train at float32 or bfloat16")
     if args.limit is not None and args.limit < 1:
         raise BadInput(f"bad --limit {args.limit}: must be at least 1")
 

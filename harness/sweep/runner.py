@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from importlib import metadata
 
-from harness.core import errors
+from harness.core import errors, model_dtype
 from harness.entry_calls import (  # noqa: F401  (re-exported: repro scripts written earlier import them here)
     compile_call,
     during_compile,
@@ -57,9 +57,8 @@ def base_row(entry, mode: str, opts: SweepOptions, backend: str, phase: str = "i
 
 
 def _torch_dtype(name: str):
-    import torch
-
-    return {"float32": torch.float32, "bfloat16": torch.bfloat16}[name]
+    """A torch.dtype, or float8 storage (harness.core.model_dtype)."""
+    return model_dtype.resolve(name)
 
 
 def run_entry(entry, modes: tuple[str, ...], opts: SweepOptions, device: Device, emit: Emit,
@@ -76,7 +75,7 @@ def run_entry(entry, modes: tuple[str, ...], opts: SweepOptions, device: Device,
                 emit("row", {**(rows[m] if ph == "inference" else base_row(entry, m, opts, backend, ph)),
                              "status": status, **fields})
 
-    tol = numerics.tolerance_for(entry.id, opts.precision, opts.dtype, overrides)
+    tol = numerics.tolerance_for(entry.id, opts.precision, model_dtype.tolerance_dtype(opts.dtype), overrides)
     if tol.skip:
         return finish_all("skipped", error_message=errors.normalise(tol.skip))
     if not getattr(entry, "available", True):
@@ -89,7 +88,7 @@ def run_entry(entry, modes: tuple[str, ...], opts: SweepOptions, device: Device,
         return finish_all("not_available", **errors.error_fields(exc))
 
     dtype = _torch_dtype(opts.dtype)
-    low_precision = dtype != torch.float32
+    low_precision = model_dtype.is_low_precision(dtype)
     call = built.call
 
     def rebuild():
@@ -121,9 +120,10 @@ def run_entry(entry, modes: tuple[str, ...], opts: SweepOptions, device: Device,
         try:
             with torch.no_grad():
                 torch.manual_seed(opts.seed)
-                rmodel = prepare_model(built.model, None, torch.float64, rebuild)
+                f64 = model_dtype.float64_reference(dtype)  # float8 runs keep their float8 weights
+                rmodel = prepare_model(built.model, None, f64, rebuild)
                 with cpu_reference(), draws.shared_draws(opts.seed):
-                    fp64 = to_cpu(output_tensors(call(rmodel, prepare_inputs(built.inputs, None, torch.float64))))
+                    fp64 = to_cpu(output_tensors(call(rmodel, prepare_inputs(built.inputs, None, f64))))
             del rmodel
         except Exception:  # noqa: BLE001  (no fp64 reference: allclose alone decides)
             fp64 = None
