@@ -33,6 +33,12 @@ from torch.nn.modules.batchnorm import _BatchNorm
 VANISHING = 1e-10  # ten orders of magnitude below a trained model's activations: what is left is decay, not signal
 _STATS = ("weight", "bias", "running_mean", "running_var")
 VAR_FLOOR = 1e-2  # of the layer's mean channel variance: a dead channel is amplified at most 10x the others
+# Calibrated, a model whose float32 outputs are this far (RMSE relative to the output's scale) from its own float64
+# outputs on CPU is chaotic, not alive: the sweep would find its float64 reference invalid (the same bound as
+# tolerances.yaml's highest/float32 `reference`), and no float32 backend could be held to it, so it is put back
+# as it was. Measured on the 27 calibrated entries: 4e-7..2.4e-4 (MobileNetV2 heads the list), and
+# PPOCRV5MobileRecForTextRecognition 1.1e-2 (its CTC head over a calibrated backbone).
+ILL_CONDITIONED = 1e-3
 
 
 def batch_norms(module: torch.nn.Module) -> list[torch.nn.Module]:
@@ -138,9 +144,47 @@ def keep_alive(built: Any, seed: int = 0) -> str:
         return ""
     if not why:
         return ""
+    saved = {k: v.detach().clone() for k, v in model.state_dict().items()}
     try:
         n = calibrate_batch_norms(model, run)
     except Exception:  # noqa: BLE001
         return ""
-    built.notes["calibrated_batch_norms"] = {"count": n, "was": why}
+    drift = float64_drift(built, seed)
+    if drift > ILL_CONDITIONED:
+        model.load_state_dict(saved)  # reported as the uninformative pass it is, not as a backend failure
+        built.notes["calibration_reverted"] = {"was": why, "float64_drift": drift}
+        return ""
+    built.notes["calibrated_batch_norms"] = {"count": n, "was": why, "float64_drift": drift}
     return why
+
+
+def float64_drift(built: Any, seed: int = 0) -> float:
+    """The worst output's RMSE between the model in float32 and in float64 on CPU (IEEE float32, as the sweep's
+    oracle), relative to that output's scale; 0.0 when the model cannot run in float64 (no evidence)."""
+    import copy
+
+    from harness.zoo.outputs import output_tensors
+    from hf_tpu.precision import cpu_reference
+
+    def outputs(model: torch.nn.Module, dtype: torch.dtype | None) -> dict[str, torch.Tensor]:
+        inputs = {k: (v.to(dtype) if dtype is not None and isinstance(v, torch.Tensor) and v.is_floating_point()
+                      else v) for k, v in built.inputs.items()} if isinstance(built.inputs, dict) else built.inputs
+        torch.manual_seed(seed)
+        with torch.no_grad(), cpu_reference():
+            return output_tensors(built.call(model, inputs))
+
+    try:
+        f32 = outputs(built.model, None)
+        f64 = outputs(copy.deepcopy(built.model).to(torch.float64), torch.float64)
+    except Exception:  # noqa: BLE001
+        return 0.0
+    worst = 0.0
+    for name, a in f32.items():
+        b = f64.get(name)
+        if b is None or not a.is_floating_point() or a.shape != b.shape or a.numel() == 0:
+            continue
+        a, b = a.double(), b.double()
+        scale = float(b.abs().max())
+        if scale > 0 and torch.isfinite(a).all():
+            worst = max(worst, float((a - b).pow(2).mean().sqrt()) / scale)
+    return worst
