@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 FLOAT8_STORAGE = ("float8_e4m3fn", "float8_e5m2")
+DENOISERS = ("unet", "transformer", "prior", "decoder")  # a pipeline's components given float8 storage
 MODEL_DTYPES = ("float32", "bfloat16", *FLOAT8_STORAGE)
 
 
@@ -74,9 +75,9 @@ def cast_model(model: Any, spec: Any) -> Any:
         model = model.to(spec.via)
     model = model.to(spec.compute)
     components = getattr(model, "components", None)
-    if isinstance(components, dict):  # a pipeline: its denoiser and the other big models, as Diffusers' docs do
-        for part in components.values():
-            if _is_module(part):
+    if isinstance(components, dict):  # a pipeline: its denoiser, as Diffusers' docs do (pipe.transformer.enable_...)
+        for name, part in components.items():
+            if name in DENOISERS and _is_module(part):
                 _enable(part, spec)
     else:
         _enable(model, spec)
@@ -98,6 +99,39 @@ def _enable(module: Any, spec: LayerwiseCast) -> None:
         return
     from diffusers.hooks.layerwise_casting import DEFAULT_SKIP_MODULES_PATTERN, apply_layerwise_casting
 
-    keep = tuple(getattr(module, "_keep_in_fp32_modules", None) or ())
+    skip = tuple(DEFAULT_SKIP_MODULES_PATTERN) + tuple(getattr(module, "_keep_in_fp32_modules", None) or ())
     apply_layerwise_casting(module, storage_dtype=spec.storage, compute_dtype=spec.compute,
-                            skip_modules_pattern=tuple(DEFAULT_SKIP_MODULES_PATTERN) + keep)
+                            skip_modules_pattern=skip + _tied_to_skipped(module, skip))
+
+
+def _cast_layers(module: Any, skip: tuple[str, ...], prefix: str = "") -> list[str]:
+    """The names of the layers Diffusers' apply_layerwise_casting casts under `skip` (its own walk: a skipped
+    name prunes its subtree, a supported layer is cast whole)."""
+    import re
+
+    from diffusers.hooks.layerwise_casting import _GO_LC_SUPPORTED_PYTORCH_LAYERS
+
+    if prefix and any(re.search(p, prefix) for p in skip):
+        return []
+    if isinstance(module, _GO_LC_SUPPORTED_PYTORCH_LAYERS):
+        return [prefix]
+    return [n for name, child in module.named_children()
+            for n in _cast_layers(child, skip, f"{prefix}.{name}" if prefix else name)]
+
+
+def _tied_to_skipped(module: Any, skip: tuple[str, ...]) -> tuple[str, ...]:
+    """Exact-name patterns for cast layers whose weight is tied to a layer left in the compute dtype (Whisper's
+    `proj_out`, skipped by Diffusers' default patterns, shares `embed_tokens`' weight): casting one would hand
+    the other float8 weights ("expected m1 and m2 to have the same dtype")."""
+    import re
+
+    cast = set(_cast_layers(module, skip))
+    owners: dict[int, set[str]] = {}
+    for mod_name, mod in module.named_modules(remove_duplicate=False):
+        for p in mod.parameters(recurse=False):
+            owners.setdefault(id(p), set()).add(mod_name)
+    extra = set()
+    for names in owners.values():
+        if len(names) > 1 and names & cast and names - cast:
+            extra |= names & cast
+    return tuple(f"^{re.escape(n)}$" for n in sorted(extra))

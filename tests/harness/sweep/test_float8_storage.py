@@ -94,3 +94,26 @@ def test_unknown_model_dtype_names_the_choices():
     with pytest.raises(ValueError, match="float8_e4m3fn"):
         model_dtype.resolve("float8")
     assert dataclasses.is_dataclass(model_dtype.resolve("float8_e5m2"))
+
+
+def test_a_layer_tied_to_a_skipped_one_keeps_the_compute_dtype():
+    """Whisper's `proj_out` (skipped by Diffusers' default patterns) shares `embed_tokens`' weight: storing the
+    embedding in float8 made the output projection fail on CPU ("expected m1 and m2 to have the same dtype")."""
+
+    class Tied(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed_tokens = torch.nn.Embedding(10, 8)
+            self.hidden = torch.nn.Linear(8, 8)
+            self.proj_out = torch.nn.Linear(8, 10, bias=False)
+            self.proj_out.weight = self.embed_tokens.weight
+
+        def forward(self, ids):
+            return self.proj_out(self.hidden(self.embed_tokens(ids)))
+
+    spec = model_dtype.resolve("float8_e4m3fn")
+    m = model_dtype.cast_model(Tied(), spec)
+    assert m.hidden.weight.dtype == torch.float8_e4m3fn and m.embed_tokens.weight.dtype == torch.bfloat16
+    ids = torch.tensor([[1, 2, 3]])
+    assert m(ids).dtype == torch.bfloat16
+    assert m.to("tpu")(ids.to("tpu")).cpu().dtype == torch.bfloat16
