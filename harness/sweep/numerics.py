@@ -457,3 +457,33 @@ def compare_outputs(ref: dict, res: dict, fp64: dict | None, tol: Tolerance,
         reason="; ".join(reasons)[:300],
         notes="; ".join(notes)[:300],
     )
+
+
+ROUNDING_DOMINATED = 3.0  # the fp64 rule's factor: tpu may be this many times as far from float64 as the baseline
+
+
+def rounding_dominated(ref: dict, res: dict, fp64: dict | None, tol: Tolerance) -> str:
+    """At a precision whose rounding the baseline computes (tol.agree set: "medium"), an output whose own
+    bfloat16 rounding puts the baseline more than tol.reference of its scale from float64 cannot be judged:
+    any two roundings of it differ by about as much as a wrong number would. Returns why the row is such a
+    case ('' when it is not): the float64 reference was refused for that reason and tpu is no farther from
+    float64 than ROUNDING_DOMINATED times the baseline. The row is then an uninformative pass, out of the
+    numerics denominators, never a false fail_accuracy; a tpu farther off still fails."""
+    if tol.agree is None or not fp64 or set(ref) != set(res):
+        return ""
+    noisy, worst = [], 0.0
+    for name, r in ref.items():
+        f, t = fp64.get(name), res[name]
+        if f is None or tuple(f.shape) != tuple(r.shape) or tuple(t.shape) != tuple(r.shape):
+            return ""
+        scale = tensor_scale(r, f)
+        base, dev = _rmse(f, r), _rmse(f, t)
+        if dev > ROUNDING_DOMINATED * base + 1e-5 * scale:
+            return ""
+        if base > tol.reference * scale:
+            noisy.append(name)
+            worst = max(worst, base / scale if scale else math.inf)
+    if not noisy:
+        return ""
+    return (f"rounding-dominated: the baseline's own rounding is {worst:.3g} x scale from float64 "
+            f"({', '.join(noisy[:3])}); tpu within {ROUNDING_DOMINATED:g}x of it")
