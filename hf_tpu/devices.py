@@ -92,6 +92,7 @@ def add_xla_flag() -> None:
 
 
 # Call-backs the registration (device.py) sets from the C++ hooks (hf_tpu/native), which sit above the
-# tensors that need them: put a data-less tensor on tpu:i, and read this thread's current device.
-set_tensor_device: Callable[[Any, int], None] | None = None
+# tensors that need them: put a data-less tensor on tpu:i with a given data_ptr(), and read this thread's
+# current device.
+set_tensor_device: Callable[[Any, int, int], None] | None = None
 current_device: Callable[[], int] = lambda: 0

@@ -16,6 +16,7 @@ the source tensor's logical (row-major) frame, which is the frame `views.compose
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 import threading
 from collections.abc import Callable
@@ -37,13 +38,14 @@ class Buffer:
     CUDA device costs nothing until written (a `to("tpu")` is `empty` then `copy_`: the copy replaces the
     array without the zeros ever being made). `shape` is known without loading."""
 
-    __slots__ = ("_array", "_loader", "version", "shape", "__weakref__")
+    __slots__ = ("_array", "_loader", "version", "shape", "ptr", "__weakref__")
 
     def __init__(self, array: Any = None, loader: Callable[[], Any] | None = None,
                  shape: tuple[int, ...] | None = None) -> None:
         self._array = array
         self._loader = loader
         self.version = 0
+        self.ptr = next(_pointers)
         if array is not None:
             shape = self.shape = tuple(array.shape)
             _hold(array, shape)
@@ -87,6 +89,13 @@ class Buffer:
 
 
 _load_lock = threading.Lock()
+# What `data_ptr()` reports for a buffer's tensors (its views and aliases too, as a CUDA allocation's): unique
+# per buffer, as libraries identify memory by it. Accelerate's offload hooks keep tied weights already moved
+# to a device in a dict keyed by data_ptr(); when every tpu tensor reported 0 (a tpu storage holds no
+# bytes) any weight onloaded to tpu was taken for the tied one already there (T5 under device_map="auto"
+# with CPU offload got its embedding in place of a layer norm's weight). Addresses from 2**62 up are never
+# real user-space memory on a 64-bit host (and never dereferenced: the storage holds 0 bytes).
+_pointers = itertools.count(1 << 62, 64)
 
 
 class Payload:
@@ -101,10 +110,13 @@ class Payload:
         self._cache = None
 
 
-def _create(shape: tuple[int, ...] | list[int], dtype: torch.dtype, index: int = 0) -> torch.Tensor:
+def _create(shape: tuple[int, ...] | list[int], dtype: torch.dtype, index: int, buf: Buffer) -> torch.Tensor:
+    """A data-less tensor of tpu:`index` whose data_ptr() is `buf`'s (the C++ hooks set both; without them
+    there is one device and data_ptr() is 0)."""
     t = torch._C._acc.create_empty_tensor(list(shape), dtype)  # always on tpu:0 (PyTorch's Python backend)
-    if index:
-        devices.set_tensor_device(t, index)  # type: ignore[misc]
+    set_device = devices.set_tensor_device
+    if set_device is not None:
+        set_device(t, index, buf.ptr)
     return t
 
 
@@ -161,7 +173,7 @@ def index_of_array(array: Any) -> int:
         return op_index()
 
 
-def _create_view(shape: Any, dtype: torch.dtype, base: torch.Tensor | None) -> torch.Tensor:
+def _create_view(shape: Any, dtype: torch.dtype, base: torch.Tensor | None, buf: Buffer) -> torch.Tensor:
     """An empty tensor to hold a view of `base`. Under inference_mode a tensor created here is an inference
     tensor, but a view of a normal tensor must be normal: autograd's view tracking then gives it base's
     version counter, which an inference tensor refuses ("Cannot set version_counter for inference tensor",
@@ -169,24 +181,25 @@ def _create_view(shape: Any, dtype: torch.dtype, base: torch.Tensor | None) -> t
     index = (base.device.index if base is not None else op_index()) if _MULTI else 0
     if base is not None and torch.is_inference_mode_enabled() and not base.is_inference():
         with torch.inference_mode(False):
-            return _create(shape, dtype, index)
-    return _create(shape, dtype, index)
+            return _create(shape, dtype, index, buf)
+    return _create(shape, dtype, index, buf)
 
 
 def wrap(array: Any, dtype: torch.dtype | None = None) -> torch.Tensor:
     """A new tpu tensor owning `array` (a jax.Array, possibly a tracer)."""
     if dtype is None:
         dtype = dtypes.to_torch(array.dtype)
-    t = _create(array.shape, dtype, index_of_array(array) if _MULTI else 0)
-    t.untyped_storage()._hf_tpu = Payload(Buffer(array))
+    buf = Buffer(array)
+    t = _create(array.shape, dtype, index_of_array(array) if _MULTI else 0, buf)
+    t.untyped_storage()._hf_tpu = Payload(buf)
     return t
 
 
 def wrap_pending(node: Any, dtype: torch.dtype) -> torch.Tensor:
     """A new tpu tensor whose array a pending fused.Node makes when something reads it."""
     shape = node.aval[0]
-    t = _create(shape, dtype, op_index() if _MULTI else 0)
     buf = Buffer(loader=node, shape=shape)
+    t = _create(shape, dtype, op_index() if _MULTI else 0, buf)
     fused.attach(node, buf)
     t.untyped_storage()._hf_tpu = Payload(buf)
     return t
@@ -198,8 +211,9 @@ def wrap_lazy(shape: tuple[int, ...], dtype: torch.dtype, loader: Callable[[], A
     index = op_index() if _MULTI else 0
     if index:
         loader = functools.partial(_loaded_on, loader, index)
-    t = _create(shape, dtype, index)
-    t.untyped_storage()._hf_tpu = Payload(Buffer(loader=loader, shape=tuple(shape)))
+    buf = Buffer(loader=loader, shape=tuple(shape))
+    t = _create(shape, dtype, index, buf)
+    t.untyped_storage()._hf_tpu = Payload(buf)
     return t
 
 
@@ -229,7 +243,7 @@ def copy_sharing(t: torch.Tensor, copies: dict[int, tuple[Buffer, Buffer]]) -> t
     if hit is None:
         # the original is kept in the entry so that its id cannot be reused by another buffer meanwhile
         hit = copies[id(p.buf)] = (p.buf, Buffer(p.buf.array))
-    new = _create(tuple(t.shape), t.dtype, t.device.index if _MULTI else 0)
+    new = _create(tuple(t.shape), t.dtype, t.device.index if _MULTI else 0, hit[1])
     new.untyped_storage()._hf_tpu = Payload(hit[1], p.view)
     return new
 
@@ -435,7 +449,7 @@ def view_of(buf: Buffer, size: Any, dtype: torch.dtype, view: views.View | None,
             base: torch.Tensor | None = None) -> torch.Tensor:
     """A new tensor of `size` reading `view` of `buf` (a geometry from compose_view, or None: all of it);
     `base` is the tensor it is a view of (see _create_view)."""
-    out = _create_view(size, dtype, base)
+    out = _create_view(size, dtype, base, buf)
     out.untyped_storage()._hf_tpu = Payload(buf, view)
     return out
 
@@ -443,7 +457,7 @@ def view_of(buf: Buffer, size: Any, dtype: torch.dtype, view: views.View | None,
 def view_reshape(src: torch.Tensor, size: list[int]) -> torch.Tensor:
     p = payload(src)
     if p.view is None:  # a reshape of the whole buffer: no geometry at all
-        out = _create_view(size, src.dtype, src)
+        out = _create_view(size, src.dtype, src, p.buf)
         out.untyped_storage()._hf_tpu = Payload(p.buf, None)
         return out
     return make_view(src, size, list(views._contiguous_strides(size)), 0)

@@ -28,6 +28,7 @@ SOURCE = Path(__file__).with_name("hooks.cpp")
 
 _status: dict[str, Any] = {"loaded": False, "reason": "not loaded yet"}
 _lib: ctypes.PyDLL | None = None
+_set_device: Any = None
 
 
 class _Callbacks:
@@ -121,8 +122,10 @@ def load() -> ctypes.PyDLL | None:
         _lib = ctypes.PyDLL(str(path))  # PyDLL: the install call takes Python objects with the GIL held
         _lib.hf_tpu_native_install.argtypes = [ctypes.py_object, ctypes.c_int, ctypes.c_char_p]
         _lib.hf_tpu_native_install.restype = ctypes.c_int
-        _lib.hf_tpu_native_set_device.argtypes = [ctypes.c_void_p, ctypes.c_int]
+        _lib.hf_tpu_native_set_device.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int64]
         _lib.hf_tpu_native_set_device.restype = None
+        global _set_device
+        _set_device = _lib.hf_tpu_native_set_device  # bound once: called for every tpu tensor made
         _lib.hf_tpu_native_current_device.argtypes = []
         _lib.hf_tpu_native_current_device.restype = ctypes.c_int
         _status.update(path=str(path))
@@ -157,9 +160,10 @@ def status() -> dict[str, Any]:
     return dict(_status)
 
 
-def set_tensor_device(t: Any, index: int) -> None:
-    """Put `t`, a data-less tpu tensor just made (on tpu:0), on tpu:`index` (hooks.cpp says how)."""
-    _lib.hf_tpu_native_set_device(t._cdata, index)  # type: ignore[union-attr]
+def set_tensor_device(t: Any, index: int, ptr: int) -> None:
+    """Put `t`, a data-less tpu tensor just made (on tpu:0), on tpu:`index`, its data_ptr() reporting `ptr`
+    (hooks.cpp says how)."""
+    _set_device(t._cdata, index, ptr)
 
 
 def current_device() -> int:

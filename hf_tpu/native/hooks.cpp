@@ -475,13 +475,16 @@ int hf_tpu_native_install(PyObject* callbacks, int num_devices, const char* coun
   return 1;
 }
 
-// Puts a tensor just made by torch._C._acc.create_empty_tensor (always tpu:0, data-less) on tpu:`index`.
-// A tensor's device is its storage's: the storage gets a null data pointer of that device, and the
-// TensorImpl re-reads its cached device from it. `impl` is the tensor's TensorImpl (Tensor._cdata).
-void hf_tpu_native_set_device(void* impl, int index) {
+// Puts a tensor just made by torch._C._acc.create_empty_tensor (always tpu:0, data-less) on tpu:`index`,
+// its data_ptr() reporting `ptr`. A tensor's device is its storage's: the storage gets a data pointer of
+// that device, and the TensorImpl re-reads its cached device from it. The pointer only names the tensor's
+// device buffer (hf_tpu/tensor.py picks it, never a real address): the storage holds 0 bytes, so nothing
+// reads through it, and it has no deleter. `impl` is the tensor's TensorImpl (Tensor._cdata).
+void hf_tpu_native_set_device(void* impl, int index, int64_t ptr) {
   auto* t = static_cast<c10::TensorImpl*>(impl);
   c10::Storage storage = t->storage();
-  storage.set_data_ptr_noswap(at::DataPtr{nullptr, c10::Device(kTpu, static_cast<c10::DeviceIndex>(index))});
+  storage.set_data_ptr_noswap(
+      at::DataPtr{reinterpret_cast<void*>(ptr), c10::Device(kTpu, static_cast<c10::DeviceIndex>(index))});
   t->set_storage_keep_dtype(std::move(storage));
 }
 
