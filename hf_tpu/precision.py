@@ -43,10 +43,12 @@ def install() -> None:
     torch.set_float32_matmul_precision = _tracking_set
 
 
-# PyTorch's float32 precision switches (torch.backends.<path>.fp32_precision), parents before children: a
-# child left at "none" inherits its parent's value.
-_SWITCHES = ("", "mkldnn", "mkldnn.matmul", "mkldnn.conv", "mkldnn.rnn", "cuda.matmul", "cudnn", "cudnn.conv",
-             "cudnn.rnn")
+# PyTorch's float32 precision switches (torch.backends.<path>.fp32_precision) that the oracle sets: the CPU
+# leaves only. A parent ("" or "mkldnn") set to "ieee", or cuDNN's own switches, make PyTorch's legacy
+# `torch.backends.cudnn.allow_tf32` getter raise ("cuDNN conv and cuDNN RNN have different TF32 flags"), and with
+# it every `torch.backends.cudnn.flags(...)` block in model code (Transformers' PE Audio: its CPU baseline failed).
+# A set leaf wins over its parents; cuDNN and cuBLAS get PyTorch's legacy setters instead (below).
+_SWITCHES = ("mkldnn.matmul", "mkldnn.conv", "mkldnn.rnn")
 
 
 def _switch(path: str) -> Any:
@@ -72,6 +74,7 @@ def cpu_reference() -> Iterator[None]:
     """
     legacy = torch.get_float32_matmul_precision()
     mkldnn = torch._C._get_mkldnn_enabled()
+    cudnn_tf32 = _cudnn_allow_tf32()
     saved = {path: sw.fp32_precision for path in _SWITCHES if (sw := _switch(path)) is not None}
     # torch's C setter, not torch.set_float32_matmul_precision: hf-tpu's tracking setter would record a
     # user choice for tpu
@@ -82,14 +85,27 @@ def cpu_reference() -> Iterator[None]:
         for path in saved:
             _switch(path).fp32_precision = "ieee"
     torch._C._set_mkldnn_enabled(False)  # the C setter: torch.backends.mkldnn.flags() also resets TF32 flags
+    if cudnn_tf32 is not None:
+        torch._C._set_cudnn_allow_tf32(False)  # the legacy setter: legacy readers of the flag keep working
     try:
         yield
     finally:
+        if cudnn_tf32 is not None:
+            torch._C._set_cudnn_allow_tf32(cudnn_tf32)
         torch._C._set_mkldnn_enabled(mkldnn)
         torch._C._set_float32_matmul_precision(legacy)
         with _backends_mutable():
             for path, value in saved.items():
                 _switch(path).fp32_precision = value
+
+
+def _cudnn_allow_tf32() -> bool | None:
+    """cuDNN's legacy TF32 flag, or None where it cannot be read (the caller mixed the legacy and new APIs):
+    then the caller's cuDNN settings are left as they are. cuDNN never runs a CPU reference either way."""
+    try:
+        return bool(torch._C._get_cudnn_allow_tf32())
+    except RuntimeError:
+        return None
 
 
 def _backends_mutable() -> Any:

@@ -205,3 +205,22 @@ def test_sweep_baseline_is_float32_when_medium_is_set_globally(precision) -> Non
         y64 = lin.double()(x.double())
     rel = ((y.double() - y64).norm() / y64.norm()).item()
     assert rel < 1e-6, rel  # float32: ~1e-7; a bfloat16 product: ~3e-3
+
+
+@pytest.mark.parametrize("level", ["highest", "medium"])
+def test_model_code_reading_cudnn_flags_runs_inside_the_oracle(level) -> None:
+    """Transformers' PE Audio wraps a forward in `torch.backends.cudnn.flags(enabled=False)`, which reads the
+    legacy TF32 flag; with the oracle's switches set through the new API PyTorch raised ("cuDNN conv and cuDNN
+    RNN have different TF32 flags") and the sweep's CPU baseline failed at "medium"."""
+    from harness.sweep import emulate
+
+    conv = torch.nn.Conv1d(4, 4, 3)
+    x = torch.randn(2, 4, 16)
+    before = torch.backends.cudnn.allow_tf32
+    with torch.no_grad(), emulate.matmul_precision(level):
+        with torch.backends.cudnn.flags(enabled=False):
+            y = conv(x)
+        assert torch.backends.mkldnn.matmul.fp32_precision == "ieee"
+    assert torch.backends.cudnn.allow_tf32 == before
+    with cpu_reference():
+        torch.testing.assert_close(y, conv(x), rtol=2e-2 if level == "medium" else 0, atol=2e-2 if level == "medium" else 0)
