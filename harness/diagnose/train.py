@@ -28,7 +28,8 @@ import torch
 
 from harness.diagnose import compiled as C
 from harness.diagnose import repro as R
-from harness.diagnose.core import Diagnosis, _diff_dicts, _finish, _first_line, _launch_blocking, _set_precision
+from harness.diagnose.core import _finish, _launch_blocking, _set_precision
+from harness.diagnose.diagnosis import Diagnosis, diff_dicts, first_line
 from harness.diagnose.ops import FailureProbe, OpCall, RecordOps, clone_cpu, describe, replay, spec_text
 from harness.entry_calls import compile_call, failure_status, prepare_inputs, prepare_model
 from harness.sweep import draws, emulate, numerics
@@ -127,7 +128,7 @@ def diagnose_train_built(built: Any, entry: Any, mode: str = "eager", *, out_dir
         ref = _train_step(built, entry, None, tdtype, seed, rebuild, recorder=rec, mark=lambda: len(rec.calls),
                           exclude=tol.data_dependent)
     if ref.error is not None:
-        d.status, d.error_type, d.error_message = "baseline_fail", type(ref.error).__name__, _first_line(ref.error)
+        d.status, d.error_type, d.error_message = "baseline_fail", type(ref.error).__name__, first_line(ref.error)
         d.summary = f"{ref.stage} fails on CPU: {d.error_type}: {d.error_message}"
         return _finish(d, start, out)
     with emulate.cpu_reference():
@@ -222,7 +223,7 @@ def _locate_by_replay(d: Diagnosis, rec: RecordOps, backward_at: int, loss_ok: b
         return
     stage = "backward" if i >= backward_at else "forward"
     _set_op(d, r.call)
-    d.op_diffs = _diff_dicts([x for x in r.diffs if not x.match])
+    d.op_diffs = diff_dicts([x for x in r.diffs if not x.match])
     detail = r.error or (d.op_diffs[0]["reason"] if d.op_diffs else "")
     index = i - backward_at if stage == "backward" else i
     d.summary = (f"{what}; the first op that differs on tpu on the same inputs is {stage} op #{index} "
@@ -239,7 +240,7 @@ def _locate_in_graphs(d: Diagnosis, graphs: list[C.Graph], precision: str, tol: 
                      "PyTorch's CPU kernel on the same inputs")
         return
     _set_op(d, finding.call)
-    d.op_diffs = _diff_dicts([x for x in finding.diffs if not x.match])
+    d.op_diffs = diff_dicts([x for x in finding.diffs if not x.match])
     if finding.module and not d.located_module:
         d.located_module, d.module_class = finding.module, finding.module_class
     stage = _graph_stage(graphs, finding)
@@ -262,7 +263,7 @@ def _failed(d: Diagnosis, res: _Step, mode: str, graphs: list[C.Graph], precisio
             probe: FailureProbe | None, out: Path | None) -> None:
     exc = res.error
     d.status = failure_status(exc, mode, True)
-    d.error_type, d.error_message = type(exc).__name__, _first_line(exc)
+    d.error_type, d.error_message = type(exc).__name__, first_line(exc)
     d.notes.append(f"failed at {res.stage}")
     op = getattr(exc, "op", "") or ""
     call = probe.failed if probe is not None else None
@@ -301,7 +302,7 @@ def diagnose_train_entry(entry: Any, mode: str = "eager", out_dir: str | Path | 
         built = entry.build(seed=seed)
     except Exception as exc:  # noqa: BLE001
         d = Diagnosis(entry.id, mode, "not_available", phase="train", error_type=type(exc).__name__,
-                      error_message=_first_line(exc), summary=f"the entry cannot be built: {_first_line(exc)}")
+                      error_message=first_line(exc), summary=f"the entry cannot be built: {first_line(exc)}")
         return _finish(d, time.perf_counter(), Path(out_dir) if out_dir else None)
     return diagnose_train_built(built, entry, mode, out_dir=out_dir, rebuild=lambda: entry.build(seed=seed).model,
                                 **kw)
