@@ -18,7 +18,8 @@ from typing import Any
 
 import torch
 
-from hf_tpu import decomposed, lowering
+from hf_tpu import decomposed, lowering, op_registry
+from hf_tpu.op_registry import lowers
 
 aten = torch.ops.aten
 
@@ -107,6 +108,7 @@ def _prod(xs: Any) -> int:
     return n
 
 
+@lowers(aten.convolution_backward_overrideable.default, kind="backward")
 def _convolution_backward(grad: Any, x: Any, weight: Any, stride: Any, padding: Any, dilation: Any,
                           transposed: bool, output_padding: Any, groups: int,
                           output_mask: Any) -> tuple[Any, Any, Any]:
@@ -119,6 +121,7 @@ def _convolution_backward(grad: Any, x: Any, weight: Any, stride: Any, padding: 
     return (gx if output_mask[0] else None, gw if output_mask[1] else None, gb)
 
 
+@lowers(aten.convolution_backward.default, kind="backward")
 def _convolution_backward_graph(grad: Any, x: Any, weight: Any, bias_sizes: Any, *rest: Any) -> tuple[Any, Any, Any]:
     """aten.convolution_backward, which AOTAutograd puts in compiled graphs: the overrideable form plus the
     bias's sizes (its gradient's shape is the channel count either way)."""
@@ -135,11 +138,13 @@ def _grid_sampler(fwd_op: Any) -> Callable[..., Any]:
     return backward
 
 
+@lowers(aten._cdist_backward.default, kind="backward")
 def _cdist_backward(grad: Any, x1: Any, x2: Any, p: float, cdist: Any) -> Any:
     fn = forward(aten._cdist_forward.default)
     return _vjp(lambda a: fn(a, x2, p, None), (x1,), grad)[0]
 
 
+@lowers(aten._pdist_backward.default, kind="backward")
 def _pdist_backward(grad: Any, x: Any, p: float, pdist: Any) -> Any:
     """Hand-written forward: torchax's _pdist_forward takes norms of the whole distance matrix, whose zero
     diagonal gives NaN gradients; here only the pairs i < j (PyTorch's order) are formed."""
@@ -157,6 +162,7 @@ def _pdist_backward(grad: Any, x: Any, p: float, pdist: Any) -> Any:
     return _vjp(fn, (x,), grad)[0]
 
 
+@lowers(aten._embedding_bag_dense_backward.default, kind="backward")
 def _embedding_bag_dense_backward(grad: Any, indices: Any, offset2bag: Any, bag_size: Any, maximum_indices: Any,
                                   num_weights: int, scale_grad_by_freq: bool, mode: int,
                                   per_sample_weights: Any = None, padding_idx: int = -1) -> Any:
@@ -186,6 +192,7 @@ def _embedding_bag_dense_backward(grad: Any, indices: Any, offset2bag: Any, bag_
     return out.at[indices].add(rows).astype(grad.dtype)
 
 
+@lowers(aten._embedding_bag_backward.default, kind="backward")
 def _embedding_bag_backward(grad: Any, indices: Any, offsets: Any, offset2bag: Any, bag_size: Any,
                             maximum_indices: Any, num_weights: int, scale_grad_by_freq: bool, mode: int,
                             sparse: bool, per_sample_weights: Any = None, padding_idx: int = -1) -> Any:
@@ -199,6 +206,7 @@ def _embedding_bag_backward(grad: Any, indices: Any, offsets: Any, offset2bag: A
                                          scale_grad_by_freq, mode, per_sample_weights, padding_idx)
 
 
+@lowers(aten._embedding_bag_per_sample_weights_backward.default, kind="backward")
 def _embedding_bag_per_sample_weights_backward(grad: Any, weight: Any, indices: Any, offsets: Any,
                                                offset2bag: Any, mode: int, padding_idx: int = -1) -> Any:
     """d(sum_i w_i * weight[idx_i]) / d w_i = <grad[bag_i], weight[idx_i]> (sum mode only, as PyTorch)."""
@@ -212,37 +220,36 @@ def _embedding_bag_per_sample_weights_backward(grad: Any, weight: Any, indices: 
     return prod.astype(grad.dtype)
 
 
-BACKWARD_LOWERINGS: dict[Any, Callable[..., Any]] = {
-    aten.convolution_backward_overrideable.default: _convolution_backward,
-    aten.convolution_backward.default: _convolution_backward_graph,
-    aten.avg_pool2d_backward.default: _grad_of_self(aten.avg_pool2d.default),
-    aten.avg_pool3d_backward.default: _grad_of_self(aten.avg_pool3d.default),
-    aten._adaptive_avg_pool2d_backward.default: _adaptive_avg(aten._adaptive_avg_pool2d.default, 2),
-    aten._adaptive_avg_pool3d_backward.default: _adaptive_avg(aten._adaptive_avg_pool3d.default, 3),
-    aten.max_pool2d_with_indices_backward.default: _max_pool_with_indices(2),
-    aten.max_pool3d_with_indices_backward.default: _max_pool_with_indices(3),
-    aten.adaptive_max_pool2d_backward.default: _max_pool_with_indices(2),
-    aten.adaptive_max_pool3d_backward.default: _max_pool_with_indices(3),
-    aten.replication_pad1d_backward.default: _grad_of_self(aten.replication_pad1d.default),
-    aten.replication_pad2d_backward.default: _grad_of_self(aten.replication_pad2d.default),
-    aten.replication_pad3d_backward.default: _grad_of_self(aten.replication_pad3d.default),
-    aten.reflection_pad1d_backward.default: _grad_of_self(aten.reflection_pad1d.default),
-    aten.reflection_pad3d_backward.default: _grad_of_self(aten.reflection_pad3d.default),
-    aten.grid_sampler_2d_backward.default: _grid_sampler(aten.grid_sampler_2d.default),
-    aten.grid_sampler_3d_backward.default: _grid_sampler(aten.grid_sampler_3d.default),
-    aten._cdist_backward.default: _cdist_backward,
-    aten._pdist_backward.default: _pdist_backward,
-    aten._embedding_bag_backward.default: _embedding_bag_backward,
-    aten._embedding_bag_dense_backward.default: _embedding_bag_dense_backward,
-    aten._embedding_bag_per_sample_weights_backward.default: _embedding_bag_per_sample_weights_backward,
-    **{getattr(aten, f"{name}_backward").default: _upsample(getattr(aten, name).default) for name in (
-        "upsample_nearest1d", "upsample_nearest2d", "upsample_nearest3d", "_upsample_nearest_exact1d",
-        "_upsample_nearest_exact2d", "_upsample_nearest_exact3d", "upsample_linear1d", "upsample_bilinear2d",
-        "upsample_bicubic2d", "upsample_trilinear3d", "_upsample_bilinear2d_aa", "_upsample_bicubic2d_aa")},
-}
+lowers(aten.avg_pool2d_backward.default, kind="backward")(_grad_of_self(aten.avg_pool2d.default))
+lowers(aten.avg_pool3d_backward.default, kind="backward")(_grad_of_self(aten.avg_pool3d.default))
+lowers(aten._adaptive_avg_pool2d_backward.default, kind="backward")(
+    _adaptive_avg(aten._adaptive_avg_pool2d.default, 2))
+lowers(aten._adaptive_avg_pool3d_backward.default, kind="backward")(
+    _adaptive_avg(aten._adaptive_avg_pool3d.default, 3))
+lowers(aten.max_pool2d_with_indices_backward.default, kind="backward")(_max_pool_with_indices(2))
+lowers(aten.max_pool3d_with_indices_backward.default, kind="backward")(_max_pool_with_indices(3))
+lowers(aten.adaptive_max_pool2d_backward.default, kind="backward")(_max_pool_with_indices(2))
+lowers(aten.adaptive_max_pool3d_backward.default, kind="backward")(_max_pool_with_indices(3))
+lowers(aten.replication_pad1d_backward.default, kind="backward")(
+    _grad_of_self(aten.replication_pad1d.default))
+lowers(aten.replication_pad2d_backward.default, kind="backward")(
+    _grad_of_self(aten.replication_pad2d.default))
+lowers(aten.replication_pad3d_backward.default, kind="backward")(
+    _grad_of_self(aten.replication_pad3d.default))
+lowers(aten.reflection_pad1d_backward.default, kind="backward")(_grad_of_self(aten.reflection_pad1d.default))
+lowers(aten.reflection_pad3d_backward.default, kind="backward")(_grad_of_self(aten.reflection_pad3d.default))
+lowers(aten.grid_sampler_2d_backward.default, kind="backward")(_grid_sampler(aten.grid_sampler_2d.default))
+lowers(aten.grid_sampler_3d_backward.default, kind="backward")(_grid_sampler(aten.grid_sampler_3d.default))
+for _name in ("upsample_nearest1d", "upsample_nearest2d", "upsample_nearest3d", "_upsample_nearest_exact1d",
+              "_upsample_nearest_exact2d", "_upsample_nearest_exact3d", "upsample_linear1d", "upsample_bilinear2d",
+              "upsample_bicubic2d", "upsample_trilinear3d", "_upsample_bilinear2d_aa", "_upsample_bicubic2d_aa"):
+    lowers(getattr(aten, f"{_name}_backward").default, kind="backward")(_upsample(getattr(aten, _name).default))
+
+
+_BACKWARD = op_registry.table("backward")
 
 
 @functools.cache
 def find(op: Any) -> Callable[..., Any] | None:
     """The lowering of backward op `op`, or None."""
-    return BACKWARD_LOWERINGS.get(op)
+    return _BACKWARD.get(op)

@@ -19,7 +19,7 @@ import torch
 
 from hf_tpu import counters, graph_compiler
 # re-exported: the graph compiler lived here
-from hf_tpu.graph_compiler import COMPILED_GRAPH, GRAPH_LOWERINGS, to_jax_function  # noqa: F401
+from hf_tpu.graph_compiler import COMPILED_GRAPH, to_jax_function  # noqa: F401
 
 
 def stats() -> dict[str, Any]:

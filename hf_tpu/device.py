@@ -9,7 +9,10 @@ from typing import Any
 
 import torch
 
+from hf_tpu import op_registry
 from hf_tpu.no_dynamo import never_traced_by_dynamo as _never_traced_by_dynamo
+
+_aten = torch.ops.aten
 
 NAME = "tpu"
 _registered = False
@@ -63,8 +66,9 @@ def _fallback(op: Any, *args: Any, **kwargs: Any) -> Any:
 
 
 # Ops whose composite kernels must keep running for tpu: they move data between devices.
-_KEEP_COMPOSITE = {"_to_copy", "copy_", "to", "lift_fresh", "lift_fresh_copy", "detach", "alias", "clone",
-                   "contiguous", "_local_scalar_dense"}
+_KEEP_COMPOSITE = {p.__name__ for p in op_registry.mark("keep_composite", (
+    _aten._to_copy, _aten.copy_, _aten.to, _aten.lift_fresh, _aten.lift_fresh_copy, _aten.detach, _aten.alias,
+    _aten.clone, _aten.contiguous, _aten._local_scalar_dense))}
 
 
 def _register_direct_kernels() -> None:
@@ -102,7 +106,7 @@ def _register_direct_kernels() -> None:
         for ov in packet.overloads():
             op = getattr(packet, ov)
             qual = f"aten::{name}" + (f".{ov}" if ov != "default" else "")
-            if qual in seen or qual.split("::")[1] in PER_OP_KERNELS:
+            if qual in seen or op in PER_OP_KERNELS:
                 continue
             seen.add(qual)
             if name in decomposed_only and not decomposed.traceable(op):
@@ -116,10 +120,11 @@ def _register_direct_kernels() -> None:
                 _aten_lib.impl(op, functools.partial(kernel, op), "PrivateUse1")
             except RuntimeError:
                 continue  # a Python-only overload (e.g. aten::__and__.bool): nothing to dispatch
-    from hf_tpu import sdpa
+    from hf_tpu import sdpa  # noqa: F401 - registers its "autograd" kernel
 
-    _never_traced_by_dynamo(sdpa.kernel)
-    _aten_lib.impl(sdpa.OP, sdpa.kernel, "AutogradPrivateUse1")
+    for op, kernel in op_registry.table("autograd").items():
+        _never_traced_by_dynamo(kernel)
+        _aten_lib.impl(op, kernel, "AutogradPrivateUse1")
 
 
 # dispatch.dispatch, bound when the direct kernels are registered; hf_tpu.hooks.observe_ops rebinds it (and
@@ -144,14 +149,14 @@ def _direct_inplace_view(op: Any, *args: Any, **kwargs: Any) -> Any:
     return _dispatch(op, args, kwargs)
 
 
-PER_OP_KERNELS = (
-    "empty.memory_format",
-    "empty_strided",
-    "_copy_from",
-    "_copy_from_and_resize",
-    "convolution_backward_overrideable",  # its composite kernel only raises (backward_lowerings.py)
-    "_neg_view",  # composite: it would set the negative bit (dispatch._conj says why not)
-)
+PER_OP_KERNELS = op_registry.mark("per_op_kernel", (
+    _aten.empty.memory_format,
+    _aten.empty_strided.default,
+    _aten._copy_from.default,
+    _aten._copy_from_and_resize.default,
+    _aten.convolution_backward_overrideable.default,  # its composite kernel only raises (backward_lowerings.py)
+    _aten._neg_view.default,  # composite: it would set the negative bit (dispatch._conj says why not)
+))
 _aten_lib: torch.library.Library | None = None
 
 
@@ -218,10 +223,8 @@ def register() -> bool:
     # *fallback* ("func != nullptr" assert): ops it may send to PrivateUse1 get a per-op kernel too.
     global _aten_lib
     _aten_lib = torch.library.Library("aten", "IMPL")  # noqa: TOR901
-    for name in PER_OP_KERNELS:
-        packet, _, overload = name.partition(".")
-        op = getattr(getattr(torch.ops.aten, packet), overload or "default")
-        _aten_lib.impl(name, functools.partial(_fallback, op), "PrivateUse1")
+    for op in PER_OP_KERNELS:
+        _aten_lib.impl(op, functools.partial(_fallback, op), "PrivateUse1")
     precision.install()
     module_moves.install()
     serialization.install()

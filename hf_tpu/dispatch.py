@@ -18,15 +18,18 @@ from typing import Any
 
 import torch
 
-from hf_tpu import (devices, functionalize, fused, lowering, optim_lowerings, runtime, serialization, storage_ops,
-                    view_ops)
+# optim_lowerings, serialization, storage_ops and view_ops register eager kernels (op_registry) when imported
+from hf_tpu import (devices, functionalize, fused, lowering, op_registry, optim_lowerings,  # noqa: F401
+                    runtime, serialization, storage_ops, view_ops)
 from hf_tpu import tensor as T
 from hf_tpu.eager_functional import mixed_device_error, run_functional
 from hf_tpu.errors import TpuOpError  # noqa: F401 - re-exported: callers catch dispatch.TpuOpError
+from hf_tpu.op_registry import lowers
 
 aten = torch.ops.aten
 
 
+@lowers(aten._conj.default, kind="eager")
 def _conj(src: torch.Tensor) -> torch.Tensor:
     # PyTorch's conjugate view is an alias with the conjugate bit set; its C++ fallback then resolves the bit by
     # copying into an empty_like of the tpu tensor, which recursed until the stack overflowed (and a plain view
@@ -36,31 +39,12 @@ def _conj(src: torch.Tensor) -> torch.Tensor:
     return dispatch(aten._conj_physical.default, (src,), {})
 
 
-SPECIAL: dict[Any, Callable[..., Any]] = {
-    aten.native_batch_norm.default: functionalize.native_batch_norm,
-    aten._native_batch_norm_legit.default: functionalize.native_batch_norm,  # the same running-statistics contract
-    aten._conj.default: _conj,
-    aten._neg_view.default: lambda src: dispatch(aten.neg.default, (src,), {}),
-    aten.view_as_real.default: view_ops.view_as_real,
-    aten.view_as_complex.default: view_ops.view_as_complex,
-    aten.empty.memory_format: storage_ops.empty,
-    aten.empty_strided.default: storage_ops.empty_strided,
-    aten._copy_from.default: storage_ops.copy_from,
-    aten._copy_from_and_resize.default: storage_ops.copy_from_and_resize,
-    aten.view.default: view_ops.view,
-    aten.view.dtype: view_ops.view_dtype,  # a bitcast copy
-    aten._unsafe_view.default: view_ops.view,
-    aten._reshape_alias.default: lambda src, size, stride: view_ops.view(src, size),
-    aten.alias.default: view_ops.alias,
-    aten.as_strided.default: view_ops.as_strided,
-    aten.resize_.default: storage_ops.resize_,
-    aten.set_.source_Tensor: storage_ops.set_source_tensor,
-    aten.set_.source_Storage: serialization.set_source_storage,
-    aten.set_.source_Storage_storage_offset: serialization.set_source_storage,
-    aten.is_pinned.default: lambda *a, **k: False,
-    aten.record_stream.default: lambda *a, **k: None,
-    **optim_lowerings.eager_kernels(),  # fused optimizer steps: one program per step, traced hyperparameters
-}
+lowers(aten._neg_view.default, kind="eager")(lambda src: dispatch(aten.neg.default, (src,), {}))
+lowers(aten.is_pinned.default, kind="eager")(lambda *a, **k: False)
+lowers(aten.record_stream.default, kind="eager")(lambda *a, **k: None)
+# Ops eager mode runs by a kernel of ours on tpu tensors, registered where each is written (view_ops.py,
+# storage_ops.py, functionalize.py, serialization.py, optim_lowerings.py, here).
+_EAGER = op_registry.table("eager")
 
 
 # op -> how it is run, decided once per op: a dict lookup per call instead of the schema checks
@@ -69,7 +53,7 @@ _routes: dict[Any, Callable[[Any, tuple, dict], Any]] = {}
 
 
 def _route(op: Any) -> Callable[[Any, tuple, dict], Any]:
-    special = SPECIAL.get(op)
+    special = _EAGER.get(op)
     if special is not None:
         return lambda _op, args, kwargs: special(*args, **kwargs)
     kind = functionalize.kind(op)

@@ -16,8 +16,8 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
-from hf_tpu import (backward_lowerings, decomposed, devices, dtypes, float8, fused, lowering, op_jit, plans,
-                    precision)
+from hf_tpu import (backward_lowerings, decomposed, devices, dtypes, float8, fused, lowering, op_jit, op_registry,
+                    plans, precision)
 from hf_tpu import tensor as T
 from hf_tpu.errors import TpuOpError
 from hf_tpu.op_dtypes import integral_promotion, leaves, map_args, meta_dtypes, wrap_outputs
@@ -95,14 +95,16 @@ def _unwrap(op: Any, x: Any) -> Any:
 # ------------------------------------------------------------------------------------------ lowerings
 # float8 operands these ops take as they are: conversions (which give CPU's bits themselves), bit views, and
 # _scaled_mm (float8.py, which checks its operands are float8).
-_FLOAT8_AS_IS = frozenset({aten._to_copy.default, aten.view.dtype, aten.clone.default, aten.alias.default,
-                           aten.lift_fresh.default, aten._scaled_mm.default})
+_FLOAT8_AS_IS = op_registry.mark("float8_as_is", {aten._to_copy.default, aten.view.dtype, aten.clone.default,
+                                                 aten.alias.default, aten.lift_fresh.default,
+                                                 aten._scaled_mm.default})
 
 
 def eager_lowering(op: Any) -> Callable[..., Any] | None:
     """The JAX function eager mode runs `op` with: its lowering, or else its decomposition traced as one
-    program (decomposed.py). Compiled mode decomposes in the graph instead (compile.py). `lowering.find` is
-    looked up on every call, so a lowering replaced at run time (the canary's fault) is honoured."""
+    program (decomposed.py). Compiled mode decomposes in the graph instead (compile.py). Looked up on each
+    call of the general path, so a lowering replaced at run time (hooks.override_lowerings: the canary's
+    fault) is honoured."""
     fn = backward_lowerings.find(op) or lowering.find(op)
     # keyed by `lowering.find` too: a traced decomposition has its sub-ops' lowerings baked in, so a replaced
     # lowering (the canary's fault in bmm) must give SDPA's decomposition a new program
@@ -124,8 +126,10 @@ def run_functional(op: Any, args: tuple, kwargs: dict) -> Any:
     """`op` on tpu tensors: a plan made by an earlier call with the same signature, or the general path."""
     key, arrays = plans.signature(op, args, kwargs)
     if key is not None:
+        # not checked against eager_lowering(op): a lowering changes at run time only through
+        # hooks.override_lowerings, which forgets every plan
         plan = plans.table.get(key)
-        if plan is not None and plan.fn is eager_lowering(op):
+        if plan is not None:
             if fused.ACTIVE:
                 try:
                     return plans.defer(plan, arrays, op)

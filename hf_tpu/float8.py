@@ -30,6 +30,7 @@ from typing import Any
 import torch
 
 from hf_tpu import dtypes
+from hf_tpu.op_registry import lowers
 
 DTYPES = dtypes.FLOAT8  # the dtype tables are dtypes.py's (the lowest layer); re-exported for the lowerings
 
@@ -166,6 +167,7 @@ def from_host(a: Any, dtype: torch.dtype) -> torch.Tensor:
 _SCALED_MM_FLOAT8 = ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz")
 
 
+@lowers(torch.ops.aten._scaled_mm.default)
 def scaled_mm(a: Any, b: Any, scale_a: Any, scale_b: Any, bias: Any = None, scale_result: Any = None,
               out_dtype: torch.dtype | None = None, use_fast_accum: bool = False) -> Any:
     """torch._scaled_mm on tpu, as CPU computes it (module docstring)."""
@@ -194,11 +196,13 @@ def scaled_mm(a: Any, b: Any, scale_a: Any, scale_b: Any, bias: Any = None, scal
     return cast(out, want)
 
 
+@lowers(torch.ops.aten.zeros.default)
 def _zeros_factory(size: Any, *, dtype: torch.dtype | None = None, **_: Any) -> Any:
 
     return zeros(tuple(int(s) for s in size), dtypes.to_jax(dtype or torch.get_default_dtype()))
 
 
+@lowers(torch.ops.aten.full.default)
 def _full_factory(size: Any, fill_value: Any, *, dtype: torch.dtype | None = None, **kwargs: Any) -> Any:
     """torch.full: a float8 fill value converted as CPU converts it (torch.full((2,), 1000., dtype=e4m3fn) is
     448 on CPU, NaN by JAX's conversion); other dtypes by torchax's lowering."""
@@ -213,8 +217,3 @@ def _full_factory(size: Any, fill_value: Any, *, dtype: torch.dtype | None = Non
     return entry.func(size, fill_value, dtype=dtype)
 
 
-LOWERINGS = {
-    torch.ops.aten._scaled_mm.default: scaled_mm,
-    torch.ops.aten.zeros.default: _zeros_factory,
-    torch.ops.aten.full.default: _full_factory,
-}

@@ -12,6 +12,7 @@ import torch
 from hf_tpu import dtypes, float8, fused, lowering
 from hf_tpu import tensor as T
 from hf_tpu.eager_functional import cpu_fallback, cpu_fallback_enabled, run_functional
+from hf_tpu.op_registry import lowers
 
 aten = torch.ops.aten
 
@@ -119,6 +120,8 @@ def _write_back(op: Any, args: tuple, kwargs: dict, res: Any) -> Any:
     return None if isinstance(first, (list, tuple)) else first
 
 
+# _native_batch_norm_legit: the same running-statistics contract
+@lowers(aten.native_batch_norm.default, aten._native_batch_norm_legit.default, kind="eager")
 def native_batch_norm(x: Any, weight: Any, bias: Any, running_mean: Any, running_var: Any, training: bool,
                       momentum: float, eps: float) -> Any:
     """native_batch_norm updates running_mean/var in place in training, though its schema does not mark them

@@ -1,5 +1,5 @@
 """A functional ATen graph (what AOTAutograd hands a backend) -> one jitted XLA program through JAX: each node
-lowered by the eager lowering table (lowering.py, backward_lowerings.py) or by GRAPH_LOWERINGS, the ops
+lowered by the eager lowering table (lowering.py, backward_lowerings.py) or by a "graph" rule (op_registry), the ops
 PyTorch's decompositions do not reach decomposed first. compile.py's `tpu` backend and the graph cache's
 serializable backend (compile_cache/serializable.py) both compile through `compile_graph`."""
 
@@ -14,37 +14,34 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
-from hf_tpu import backward_lowerings, counters, dtypes, float8, fused, lowering, precision, rng
+from hf_tpu import backward_lowerings, counters, dtypes, float8, fused, lowering, op_registry, precision, rng
 from hf_tpu import tensor as T
+from hf_tpu.op_registry import lowers
 from hf_tpu.torchax_compat import load_op_table
 
 COMPILED_GRAPH = "torch.compile graph"  # names a compiled graph's call in fused.stats()['materialised_by']
 
 
 # ------------------------------------------------------------------------------------ graph -> JAX
+# Ops that lower differently inside a compiled graph than in eager. torch._assert_async (Gemma4 vision checks
+# its patch counts): an XLA program cannot raise on a value it computes, so the check is dropped from the
+# program, as XLA backends do; eager still runs it.
+@lowers(torch.ops.aten._assert_async.default, torch.ops.aten._assert_async.msg, torch.ops.aten._assert_scalar.default,
+        torch.ops.aten.sym_constrain_range.default, torch.ops.aten.sym_constrain_range_for_size.default, kind="graph")
 def _no_check(*_: Any, **__: Any) -> None:
     return None
 
 
-# Ops that lower differently inside a compiled graph than in eager. torch._assert_async (Gemma4 vision checks
-# its patch counts): an XLA program cannot raise on a value it computes, so the check is dropped from the
-# program, as XLA backends do; eager still runs it.
 # torch.compile's full-graph capture (the graph cache's aot_compile path) keeps `.item()` in the graph when the
 # value only feeds runtime asserts (Flaubert: `assert lengths.max().item() <= slen`): the value stays a 0-d
 # array inside the program, the comparisons on it are traced, and the assert on it is dropped as above.
-GRAPH_LOWERINGS: dict[Any, Callable[..., Any]] = {
-    torch.ops.aten._assert_async.default: _no_check,
-    torch.ops.aten._assert_async.msg: _no_check,
-    torch.ops.aten._assert_scalar.default: _no_check,
-    torch.ops.aten.sym_constrain_range.default: _no_check,
-    torch.ops.aten.sym_constrain_range_for_size.default: _no_check,
-    torch.ops.aten._local_scalar_dense.default: lambda x: x,
-}
+lowers(torch.ops.aten._local_scalar_dense.default, kind="graph")(lambda x: x)
+_GRAPH = op_registry.table("graph")
 _SYMBOLIC_SCALARS = (torch.SymInt, torch.SymFloat, torch.SymBool, int, float, bool)
 
 
 def _lower_node_target(target: Any) -> Callable[..., Any]:
-    fn = GRAPH_LOWERINGS.get(target) or backward_lowerings.find(target) or lowering.find(target)
+    fn = _GRAPH.get(target) or backward_lowerings.find(target) or lowering.find(target)
     if fn is None:
         raise lowering.NoLowering(target, " (in a compiled graph)")
     return fn
@@ -172,8 +169,7 @@ def _padded_plan(gm: torch.fx.GraphModule, example_inputs: list[Any], options: d
     static shapes, one program per size."""
     from hf_tpu import bounded
 
-    if not any(isinstance(ex, torch.SymInt) and bounded._is_dyn(ex) for ex in example_inputs) and not any(
-            isinstance(ex, torch.Tensor) and bounded._dyn_dims(ex) for ex in example_inputs):
+    if not bounded.has_dynamic_sizes(example_inputs):
         return None
     try:
         return bounded.PaddedGraph(gm, example_inputs, options or {})
@@ -350,18 +346,16 @@ def decompositions() -> dict[Any, Any]:
         elif isinstance(op, torch._ops.OpOverloadPacket):
             for ov in op.overloads():
                 table.setdefault(getattr(op, ov), fn)
-    table.update(_DEVICE_KEEPING)
+    table.update(op_registry.table("graph_decomposition"))
     # keep ops we lower directly whole (fewer, larger XLA ops); decompose only what we cannot lower
     return {op: fn for op, fn in table.items() if lowering.find(op) is None}
-
-
-def _rand_like(self: torch.Tensor, *, dtype: torch.dtype | None = None, device: Any = None,
-               generator: Any = None, **_: Any) -> torch.Tensor:
-    return torch.rand(self.shape, dtype=dtype or self.dtype, device=device or self.device, generator=generator)
 
 
 # torchax's rand_like decomposition makes its tensor on the default device (`torch.rand(self.shape)`): in a
 # graph of tpu tensors that was a CPU tensor, so every compiled forward with dropout in training (native_dropout
 # decomposes to rand_like) failed with FakeTensorDeviceMismatchError (cpu and tpu:0). PyTorch's rand_like
 # makes it where `self` is.
-_DEVICE_KEEPING = {torch.ops.aten.rand_like.default: _rand_like, torch.ops.aten.rand_like.generator: _rand_like}
+@lowers(torch.ops.aten.rand_like.default, torch.ops.aten.rand_like.generator, kind="graph_decomposition")
+def _rand_like(self: torch.Tensor, *, dtype: torch.dtype | None = None, device: Any = None,
+               generator: Any = None, **_: Any) -> torch.Tensor:
+    return torch.rand(self.shape, dtype=dtype or self.dtype, device=device or self.device, generator=generator)

@@ -12,6 +12,9 @@ from typing import Any
 
 Dispatch = Callable[[Any, tuple, dict], Any]
 
+# What override_lowerings' `replace` returns for an op that is to have no lowering within the block.
+NO_LOWERING: Any = object()
+
 
 def _bind_dispatch(fn: Dispatch) -> None:
     from hf_tpu import device, dispatch
@@ -70,10 +73,11 @@ def _forget_compiled_lowerings() -> None:
 @contextlib.contextmanager
 def override_lowerings(replace: Callable[[Any, Callable[..., Any]], Callable[..., Any] | None]) -> Iterator[None]:
     """Within the block, `op`'s JAX lowering (eager and compiled) is `replace(op, lowering)` where that is not
-    None. `replace` is called once per op (its answer is kept), so the lowering it returns is one object and
-    programs traced from it are reused. Plans made before the block, and the ones made inside it, are
-    forgotten on entry and on exit, so neither side runs the other's lowerings; compile a model inside the
-    block for its graphs to use the override."""
+    None (NO_LOWERING: the op has none, as if torchax lacked it). `replace` is called once per op (its answer
+    is kept), so the lowering it returns is one object and programs traced from it are reused. Plans made
+    before the block, and the ones made inside it, are forgotten on entry and on exit, so neither side runs
+    the other's lowerings (eager mode's fast path does not look the lowering up again: this is the only
+    way to change one at run time); compile a model inside the block for its graphs to use the override."""
     from hf_tpu import lowering
 
     original = lowering.find
@@ -84,6 +88,8 @@ def override_lowerings(replace: Callable[[Any, Callable[..., Any]], Callable[...
         if fn is None:
             return None
         new = replace(op, fn)
+        if new is NO_LOWERING:
+            return None
         return fn if new is None else new
 
     lowering.find = find

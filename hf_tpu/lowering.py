@@ -3,24 +3,9 @@
 Used by both modes: eager dispatch (dispatch.py) calls these on concrete arrays, the compiler
 (compile.py) calls them on tracers inside one `jax.jit`.
 
-Hand-written lowerings (torchax 0.0.13 has none for these):
-  _fused_sdp_choice  -> 0 (the math kernel), so SDPA decomposes into matmuls that honour tpu precision
-  as_strided         -> views.read_step (regular ops, or a device-side gather); functional form for
-                        compiled graphs (eager keeps aliasing in tensor.py)
-  alias, lift_fresh, _to_copy (dtype only), _unsafe_view, expand_copy identity-like helpers
-  zero               -> zeros_like (PyTorch's decomposition of zero_ calls zeros_like, which calls zero_)
-  _upsample_*2d_aa   -> jax.image.scale_and_translate (torchax's calls a JAX internal that changed)
-  _grouped_mm        -> jax.lax.ragged_dot (MoE experts in compiled graphs; eager runs PyTorch's composite)
-  convolution        -> torchax's, with a grouped transposed convolution's weight laid out right
-  _index_put_impl    -> torchax's index_put (autograd's backward of advanced indexing calls it)
-  view.dtype         -> lax.bitcast_convert_type (a copy, not an alias: writes through it do not reach the
-                        source, as with view_as_real; safetensors' get_tensor on tpu reads bytes as uint8
-                        and views them as the dtype)
-  linalg_cholesky_ex -> jnp.linalg.cholesky plus a real `info` (torchax's is always 0, so a matrix that is
-                        not positive definite passed `constraints.positive_definite` and gave NaN samples)
-  eye, range, searchsorted, fused LSTM/GRU cells, _embedding_bag: lowering_ops.py
-  index_reduce, angle, sign/sgn and others the OpInfo parity test found: lowering_parity.py
-  _scaled_mm       -> float8.py (CPU's scaling and rounding)
+Our own lowerings override or extend torchax's. Each is registered where it is written with
+`@op_registry.lowers(op, ...)` (here, lowering_ops.py, lowering_parity.py, optim_lowerings.py, float8.py) and
+says why in its docstring; `python -m hf_tpu.op_table` lists every op with where its lowering comes from.
 """
 
 from __future__ import annotations
@@ -31,18 +16,21 @@ from typing import Any
 
 import torch
 
-from hf_tpu import dtypes, float8, precision
+# lowering_ops, optim_lowerings and float8 register their hand lowerings (op_registry) when imported
+from hf_tpu import dtypes, float8, lowering_ops, op_registry, optim_lowerings, precision  # noqa: F401
 from hf_tpu.errors import NoLowering, op_name  # noqa: F401 - re-exported: callers name lowering.NoLowering
-from hf_tpu.lowering_ops import OP_LOWERINGS
-from hf_tpu.lowering_parity import OPMATH, PARITY_LOWERINGS, opmath
-from hf_tpu.optim_lowerings import OPTIM_LOWERINGS
+from hf_tpu.lowering_parity import OPMATH, opmath
+from hf_tpu.op_registry import lowers
 from hf_tpu.rng import ENV
 from hf_tpu.torchax_compat import load_op_table
 
 aten = torch.ops.aten
 
 
+@lowers(aten.as_strided.default)
 def _as_strided(x: Any, size: list[int], stride: list[int], storage_offset: int | None = None) -> Any:
+    """The functional form, for compiled graphs (eager keeps aliasing in tensor.py): views.read_step (regular
+    ops, or a device-side gather)."""
     from hf_tpu import views
 
     step = (tuple(size), tuple(stride), int(storage_offset or 0))
@@ -50,16 +38,20 @@ def _as_strided(x: Any, size: list[int], stride: list[int], storage_offset: int 
     return views.read_step(x.reshape(-1), step)
 
 
+@lowers(aten.zero.default)  # zeros_like: PyTorch's decomposition of zero_ calls zeros_like, which calls zero_
 def _zero(x: Any) -> Any:
     from hf_tpu import runtime
 
     return runtime.jax().numpy.zeros_like(x)
 
 
+@lowers(aten._to_copy.default)
 def _to_copy(x: Any, *, dtype: torch.dtype | None = None, **_: Any) -> Any:
+    """A dtype conversion only (the device move is the composite's), float8 rounded as CPU rounds it."""
     return x if dtype is None else float8.cast(x, dtypes.to_jax(dtype))
 
 
+@lowers(aten._grouped_mm.default)
 def _grouped_mm(a: Any, b: Any, offs: Any = None, bias: Any = None, out_dtype: torch.dtype | None = None) -> Any:
     """torch._grouped_mm (MoE experts; Transformers uses it on tpu for every dtype). JAX's ragged_dot is the
     grouped matmul for the forward case (2D tokens x 3D experts); the other layouts PyTorch documents are
@@ -99,6 +91,7 @@ def _grouped_mm(a: Any, b: Any, offs: Any = None, bias: Any = None, out_dtype: t
     return out.astype(want)
 
 
+@lowers(aten._index_put_impl.default)
 def _index_put_impl(x: Any, indices: Any, values: Any, accumulate: bool = False, unsafe: bool = False) -> Any:
     """The functional form of `_index_put_impl_`, which the backward of `x[idx]` calls (accumulate=True, e.g.
     GPT2ForSequenceClassification's pooled logits). It is index_put plus `unsafe`, which only skips PyTorch's
@@ -106,6 +99,7 @@ def _index_put_impl(x: Any, indices: Any, values: Any, accumulate: bool = False,
     return find(aten.index_put.default)(x, indices, values, accumulate)
 
 
+@lowers(aten.view.dtype)
 def view_dtype(x: Any, dtype: torch.dtype) -> Any:
     """`x.view(dtype)`: the same bytes read as `dtype`; a wider or narrower dtype scales the last dim, as in
     PyTorch."""
@@ -133,6 +127,7 @@ def view_dtype(x: Any, dtype: torch.dtype) -> Any:
     return jax.lax.bitcast_convert_type(x.reshape(*x.shape[:-1], x.shape[-1] // r, r), want)
 
 
+@lowers(aten.linalg_cholesky_ex.default)
 def _cholesky_ex(a: Any, upper: bool = False, check_errors: bool = False) -> Any:
     """(L, info) as torch.linalg.cholesky_ex: info is 0, or k when the leading k x k minor is the first that is
     not positive definite (LAPACK's potrf). XLA's Cholesky only fills L with NaN on failure, so info comes from
@@ -163,6 +158,7 @@ def _cholesky_ex(a: Any, upper: bool = False, check_errors: bool = False) -> Any
     return (jnp.swapaxes(lower, -1, -2).conj() if upper else lower), info
 
 
+@lowers(aten.convolution.default)
 def _convolution(x: Any, weight: Any, bias: Any, stride: Any, padding: Any, dilation: Any, transposed: bool,
                  output_padding: Any, groups: int) -> Any:
     """torchax's convolution, with the weight of a grouped transposed convolution rearranged first: torchax
@@ -207,31 +203,20 @@ def _upsample_aa(method: str) -> Callable[..., Any]:
     return upsample
 
 
-HAND_LOWERINGS: dict[Any, Callable[..., Any]] = {
-    aten._upsample_bilinear2d_aa.default: _upsample_aa("linear"),
-    aten._upsample_bicubic2d_aa.default: _upsample_aa("cubic"),
-    aten._grouped_mm.default: _grouped_mm,
-    aten.convolution.default: _convolution,
-    aten._index_put_impl.default: _index_put_impl,
-    aten.linalg_cholesky_ex.default: _cholesky_ex,
-    aten.view.dtype: view_dtype,
-    aten._fused_sdp_choice.default: lambda *a, **k: 0,
-    aten.as_strided.default: _as_strided,
-    aten.alias.default: lambda x: x,
-    aten.lift_fresh.default: lambda x: x,
-    aten._to_copy.default: _to_copy,
-    aten.zero.default: _zero,
-    **OP_LOWERINGS,
-    **OPTIM_LOWERINGS,
-    **PARITY_LOWERINGS,
-    **float8.LOWERINGS,
-}
+lowers(aten._upsample_bilinear2d_aa.default)(_upsample_aa("linear"))
+lowers(aten._upsample_bicubic2d_aa.default)(_upsample_aa("cubic"))
+# 0 is the math kernel: SDPA decomposes into matmuls that honour tpu precision
+lowers(aten._fused_sdp_choice.default)(lambda *a, **k: 0)
+lowers(aten.alias.default, aten.lift_fresh.default)(lambda x: x)
+
+# Our lowerings (here, lowering_ops.py, lowering_parity.py, optim_lowerings.py, float8.py), by op.
+_HAND = op_registry.table("jax")
 
 
 @functools.cache
 def find(op: Any) -> Callable[..., Any] | None:
     """The JAX function for `op` (an OpOverload), or None."""
-    fn = HAND_LOWERINGS.get(op)
+    fn = _HAND.get(op)
     if fn is None:
         lowerings, _ = load_op_table()
         entry = lowerings.get(op) or lowerings.get(getattr(op, "overloadpacket", None))
@@ -266,9 +251,10 @@ def find(op: Any) -> Callable[..., Any] | None:
 # Reductions whose torchax lowering takes `dtype` (softmax: `half_to_float`) but reduces in the input's dtype
 # and casts after (softmax ignores it): sum(x_fp16, dtype=float32) accumulated in float16. PyTorch casts the
 # input first, and autocast relies on it (softmax, log_softmax, sum, norm run with dtype=float32 there).
-_CAST_INPUT_FIRST = {aten.sum.default, aten.sum.dim_IntList, aten.softmax.int, aten.log_softmax.int,
-                     aten._softmax.default, aten._log_softmax.default, aten.linalg_vector_norm.default,
-                     aten.cumsum.default, aten.cumprod.default, aten.prod.default, aten.prod.dim_int}
+_CAST_INPUT_FIRST = op_registry.mark("cast_input_first", {
+    aten.sum.default, aten.sum.dim_IntList, aten.softmax.int, aten.log_softmax.int, aten._softmax.default,
+    aten._log_softmax.default, aten.linalg_vector_norm.default, aten.cumsum.default, aten.cumprod.default,
+    aten.prod.default, aten.prod.dim_int})
 
 
 def _cast_input_first(fn: Callable[..., Any], op: Any) -> Callable[..., Any]:

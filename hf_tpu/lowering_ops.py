@@ -1,5 +1,5 @@
-"""Hand-written JAX lowerings for ATen ops torchax 0.0.13 lacks or gets wrong for torch 2.13 (lowering.py merges
-them into HAND_LOWERINGS). Each is written by hand because neither torchax nor PyTorch's decomposition table
+"""Hand-written JAX lowerings for ATen ops torchax 0.0.13 lacks or gets wrong for torch 2.13 (registered with
+op_registry.lowers). Each is written by hand because neither torchax nor PyTorch's decomposition table
 has a usable one:
 
   eye, eye.m            -> jnp.eye (PyTorch's `eye` makes its result with a CPU `empty` inside `eye.out`)
@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from hf_tpu import dtypes
+from hf_tpu.op_registry import lowers
 
 aten = torch.ops.aten
 
@@ -37,10 +38,12 @@ def _factory_dtype(dtype: torch.dtype | None, default: torch.dtype | None = None
     return dtypes.to_jax(dtype or default or torch.get_default_dtype())
 
 
+@lowers(aten.eye.default, aten.eye.m)
 def _eye(n: int, m: int | None = None, *, dtype: torch.dtype | None = None, **_: Any) -> Any:
     return _jnp().eye(int(n), None if m is None else int(m), dtype=_factory_dtype(dtype))
 
 
+@lowers(aten.range.default, aten.range.step)
 def _range(start: Any, end: Any, step: Any = 1, *, dtype: torch.dtype | None = None, **_: Any) -> Any:
     """torch.range: [start, end] inclusive, length floor((end - start) / step) + 1, float by default."""
     jnp = _jnp()
@@ -50,6 +53,7 @@ def _range(start: Any, end: Any, step: Any = 1, *, dtype: torch.dtype | None = N
             + jnp.arange(max(n, 0)) * step).astype(want)
 
 
+@lowers(aten.searchsorted.Tensor)
 def _searchsorted(sorted_sequence: Any, values: Any, *, out_int32: bool = False, right: bool = False,
                   side: str | None = None, sorter: Any = None) -> Any:
     """torch.searchsorted: `side` wins over `right` (PyTorch raises when they disagree, before dispatch); an
@@ -72,6 +76,7 @@ def _searchsorted(sorted_sequence: Any, values: Any, *, out_int32: bool = False,
     return out.astype(jnp.int32 if out_int32 else jnp.int64)
 
 
+@lowers(aten.searchsorted.Scalar)
 def _searchsorted_scalar(sorted_sequence: Any, value: Any, **kwargs: Any) -> Any:
     return _searchsorted(sorted_sequence, _jnp().asarray(value, dtype=sorted_sequence.dtype), **kwargs)
 
@@ -82,6 +87,7 @@ def _sigmoid(x: Any) -> Any:
     return runtime.jax().nn.sigmoid(x)
 
 
+@lowers(aten._thnn_fused_lstm_cell.default)
 def _lstm_cell(input_gates: Any, hidden_gates: Any, cx: Any, input_bias: Any = None,
                hidden_bias: Any = None) -> tuple[Any, Any, Any]:
     """(hy, cy, workspace); gates in PyTorch's order i, f, g, o; workspace holds the activated gates [B, 4H]
@@ -97,6 +103,7 @@ def _lstm_cell(input_gates: Any, hidden_gates: Any, cx: Any, input_bias: Any = N
     return hy, cy, jnp.concatenate([i, f, g, o], axis=1)
 
 
+@lowers(aten._thnn_fused_lstm_cell_backward_impl.default)
 def _lstm_cell_backward(grad_hy: Any, grad_cy: Any, cx: Any, cy: Any, workspace: Any,
                         has_bias: bool) -> tuple[Any, Any, Any]:
     """(grad_gates, grad_cx, grad_bias) of the cell above; an undefined output gradient counts as zero."""
@@ -112,6 +119,7 @@ def _lstm_cell_backward(grad_hy: Any, grad_cy: Any, cx: Any, cy: Any, workspace:
     return grad_gates, gcy * f, grad_bias
 
 
+@lowers(aten._thnn_fused_gru_cell.default)
 def _gru_cell(input_gates: Any, hidden_gates: Any, hx: Any, input_bias: Any = None,
               hidden_bias: Any = None) -> tuple[Any, Any]:
     """(hy, workspace); gates r, z, n; n = tanh(i_n + r * h_n). workspace = [r, z, n, h_n, hx] as in PyTorch's
@@ -128,6 +136,7 @@ def _gru_cell(input_gates: Any, hidden_gates: Any, hx: Any, input_bias: Any = No
     return hy, jnp.concatenate([r, z, n, hn, hx], axis=1)
 
 
+@lowers(aten._thnn_fused_gru_cell_backward.default)
 def _gru_cell_backward(grad_hy: Any, workspace: Any, has_bias: bool) -> tuple[Any, ...]:
     """(grad_input_gates, grad_hidden_gates, grad_hx, grad_input_bias, grad_hidden_bias)."""
     jnp = _jnp()
@@ -142,6 +151,7 @@ def _gru_cell_backward(grad_hy: Any, workspace: Any, has_bias: bool) -> tuple[An
     return gi, gh, grad_hy * z, gi.sum(axis=0), gh.sum(axis=0)
 
 
+@lowers(aten._embedding_bag.default)
 def _embedding_bag(weight: Any, indices: Any, offsets: Any, scale_grad_by_freq: bool = False, mode: int = 0,
                    sparse: bool = False, per_sample_weights: Any = None, include_last_offset: bool = False,
                    padding_idx: int = -1, *, _forward_only: bool = False) -> tuple:
@@ -183,23 +193,10 @@ def _embedding_bag(weight: Any, indices: Any, offsets: Any, scale_grad_by_freq: 
     return out.astype(weight.dtype), offset2bag, zeros_b, zeros_b
 
 
+@lowers(aten.repeat_interleave.Tensor)
 def _repeat_interleave(repeats: Any, *, output_size: int | None = None) -> Any:
     jnp = _jnp()
     return jnp.repeat(jnp.arange(repeats.shape[0]), repeats, total_repeat_length=output_size)
 
 
-OP_LOWERINGS: dict[Any, Any] = {
-    aten.repeat_interleave.Tensor: _repeat_interleave,
-    aten._embedding_bag.default: _embedding_bag,
-    aten._embedding_bag_forward_only.default: lambda *a, **k: _embedding_bag(*a, **k, _forward_only=True),
-    aten.eye.default: _eye,
-    aten.eye.m: _eye,
-    aten.range.default: _range,
-    aten.range.step: _range,
-    aten.searchsorted.Tensor: _searchsorted,
-    aten.searchsorted.Scalar: _searchsorted_scalar,
-    aten._thnn_fused_lstm_cell.default: _lstm_cell,
-    aten._thnn_fused_lstm_cell_backward_impl.default: _lstm_cell_backward,
-    aten._thnn_fused_gru_cell.default: _gru_cell,
-    aten._thnn_fused_gru_cell_backward.default: _gru_cell_backward,
-}
+lowers(aten._embedding_bag_forward_only.default)(lambda *a, **k: _embedding_bag(*a, **k, _forward_only=True))

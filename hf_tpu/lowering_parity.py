@@ -1,5 +1,5 @@
-"""Hand-written JAX lowerings found missing or wrong by the OpInfo parity test (tests/hf_tpu/op_parity.py);
-lowering.py merges them into HAND_LOWERINGS. Each exists because neither torchax 0.0.13 nor PyTorch's
+"""Hand-written JAX lowerings found missing or wrong by the OpInfo parity test (tests/hf_tpu/op_parity.py),
+registered with op_registry.lowers. Each exists because neither torchax 0.0.13 nor PyTorch's
 decomposition table has a usable one:
 
   index_reduce   -> scatter prod/amin/amax/mean along `dim` (no lowering, no decomposition); mean divides by
@@ -29,6 +29,9 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
+from hf_tpu import op_registry
+from hf_tpu.op_registry import lowers
+
 aten = torch.ops.aten
 
 
@@ -38,6 +41,7 @@ def _jax() -> Any:
     return runtime.jax()
 
 
+@lowers(aten.index_reduce.default)
 def _index_reduce(x: Any, dim: int, index: Any, source: Any, reduce: str, *, include_self: bool = True) -> Any:
     """torch.index_reduce: x with source's slices along `dim` reduced into the positions `index` names."""
     jnp = _jax().numpy
@@ -81,6 +85,7 @@ def _index_reduce(x: Any, dim: int, index: Any, source: Any, reduce: str, *, inc
     return out.reshape(()) if scalar else out
 
 
+@lowers(aten.angle.default)
 def _angle(x: Any) -> Any:
     jnp = _jax().numpy
     if jnp.iscomplexobj(x):
@@ -90,6 +95,7 @@ def _angle(x: Any) -> Any:
     return jnp.where(jnp.isnan(x), x, jnp.where(x < 0, jnp.asarray(jnp.pi, x.dtype), jnp.zeros((), x.dtype)))
 
 
+@lowers(aten.sign.default, aten.sgn.default)
 def _sign(x: Any) -> Any:
     jnp = _jax().numpy
     if x.dtype == jnp.bool_:
@@ -100,6 +106,7 @@ def _sign(x: Any) -> Any:
     return jnp.sign(x)
 
 
+@lowers(aten.linalg_cross.default)
 def _cross(a: Any, b: Any, dim: int = -1) -> Any:
     jax = _jax()
     jnp = jax.numpy
@@ -156,6 +163,7 @@ def _batch_norm_train(x: Any, weight: Any, bias: Any, eps: float, params: tuple)
     return _bn_transform(x, weight, bias, mean, invstd), mean, invstd, var
 
 
+@lowers(aten.native_batch_norm.default)
 def _native_batch_norm(x: Any, weight: Any, bias: Any, running_mean: Any, running_var: Any, training: bool,
                        momentum: float, eps: float) -> Any:
     if not training and running_mean is not None and running_var is not None:
@@ -164,6 +172,7 @@ def _native_batch_norm(x: Any, weight: Any, bias: Any, running_mean: Any, runnin
     return out, mean, invstd
 
 
+@lowers(aten._native_batch_norm_legit_functional.default)
 def _batch_norm_functional(x: Any, weight: Any, bias: Any, running_mean: Any, running_var: Any, training: bool,
                            momentum: float, eps: float) -> Any:
     """_native_batch_norm_legit_functional: also the new running statistics (unbiased variance)."""
@@ -177,6 +186,7 @@ def _batch_norm_functional(x: Any, weight: Any, bias: Any, running_mean: Any, ru
     return out, mean, invstd, new_mean, new_var
 
 
+@lowers(aten.as_strided_scatter.default)
 def _as_strided_scatter(x: Any, src: Any, size: Any, stride: Any, storage_offset: int | None = None) -> Any:
     """x (read as its contiguous storage) with the elements the strided view names replaced by src's."""
     import numpy as np
@@ -189,6 +199,7 @@ def _as_strided_scatter(x: Any, src: Any, size: Any, stride: Any, storage_offset
     return flat.reshape(x.shape)
 
 
+@lowers(aten.polygamma.default)
 def _polygamma(n: int, x: Any) -> Any:
     """polygamma(n, x) in x's floating dtype (float32 for integers and bool). JAX's is accurate only for x > 0:
     below, x is first shifted up past 0 by the recurrence psi_n(x) = psi_n(x + 1) + (-1)^(n+1) n! / x^(n+1)
@@ -296,7 +307,7 @@ def opmath(fn: Callable[..., Any]) -> Callable[..., Any]:
     return wrapped
 
 
-OPMATH = frozenset({
+OPMATH = op_registry.mark("opmath", {
     aten.cumsum.default, aten.cumprod.default, aten.logcumsumexp.default, aten.fmod.Tensor, aten.fmod.Scalar,
     aten.native_layer_norm.default, aten.native_layer_norm_backward.default,
     aten.native_batch_norm_backward.default,
@@ -305,27 +316,16 @@ OPMATH = frozenset({
 })
 
 
+@lowers(aten._efficientzerotensor.default)
 def _zeros(size: Any, *, dtype: torch.dtype | None = None, **_: Any) -> Any:
     from hf_tpu import dtypes
 
     return _jax().numpy.zeros(tuple(int(s) for s in size), dtypes.to_jax(dtype or torch.get_default_dtype()))
 
 
-PARITY_LOWERINGS: dict[Any, Any] = {
-    aten._efficientzerotensor.default: _zeros,
-    aten.index_reduce.default: _index_reduce,
-    aten.angle.default: _angle,
-    aten.sign.default: _sign,
-    aten.sgn.default: _sign,
-    aten.linalg_cross.default: _cross,
-    aten.native_batch_norm.default: _native_batch_norm,
-    aten._native_batch_norm_legit_no_training.default:
-        lambda x, w, b, mean, var, momentum, eps: _batch_norm_eval(x, w, b, mean, var, eps),
-    aten._native_batch_norm_legit_functional.default: _batch_norm_functional,
-    aten.as_strided_scatter.default: _as_strided_scatter,
-    aten.adaptive_max_pool2d.default: _adaptive_max_pool(2),
-    aten.adaptive_max_pool3d.default: _adaptive_max_pool(3),
-    aten.polygamma.default: _polygamma,
-    aten._native_batch_norm_legit.no_stats:
-        lambda x, w, b, training, momentum, eps: _batch_norm_train(x, w, b, eps, (w, b))[:3],
-}
+lowers(aten._native_batch_norm_legit_no_training.default)(
+    lambda x, w, b, mean, var, momentum, eps: _batch_norm_eval(x, w, b, mean, var, eps))
+lowers(aten.adaptive_max_pool2d.default)(_adaptive_max_pool(2))
+lowers(aten.adaptive_max_pool3d.default)(_adaptive_max_pool(3))
+lowers(aten._native_batch_norm_legit.no_stats)(
+    lambda x, w, b, training, momentum, eps: _batch_norm_train(x, w, b, eps, (w, b))[:3])

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
-from hf_tpu import dtypes, float8, fused, plans
+from hf_tpu import dtypes, float8, fused, op_registry, plans
 from hf_tpu import tensor as T
 
 aten = torch.ops.aten
@@ -98,9 +98,9 @@ def _wrap_one(x: Any, dt: torch.dtype | None) -> torch.Tensor:
 # Ops whose lowerings give CPU's output dtypes where PyTorch's meta kernels do not: batch norm's saved
 # statistics are float32 by the meta kernel, but CPU keeps them in the parameters' dtype (bfloat16 input
 # and parameters give bfloat16 statistics).
-_LOWERING_DTYPES = frozenset({aten.native_batch_norm.default, aten._native_batch_norm_legit.default,
-                              aten._native_batch_norm_legit.no_stats,
-                              aten._native_batch_norm_legit_functional.default})
+_LOWERING_DTYPES = op_registry.mark("lowering_dtypes", {
+    aten.native_batch_norm.default, aten._native_batch_norm_legit.default, aten._native_batch_norm_legit.no_stats,
+    aten._native_batch_norm_legit_functional.default})
 
 
 def wrap_outputs(op: Any, res: Any, args: tuple, kwargs: dict) -> Any:

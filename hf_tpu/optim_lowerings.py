@@ -24,6 +24,8 @@ from typing import Any
 
 import torch
 
+from hf_tpu.op_registry import lowers
+
 aten = torch.ops.aten
 
 
@@ -107,6 +109,7 @@ def adam(params: list, grads: list, exp_avgs: list, exp_avg_sqs: list, max_exp_a
     return kept[0], out[1], kept[1], kept[2], kept[3]
 
 
+@lowers(aten._fused_sgd.default, aten._fused_sgd.tensor_lr)
 def sgd(params: list, grads: list, momentum_buffer_list: list, *, weight_decay: Any, momentum: Any, lr: Any,
         dampening: Any, nesterov: bool, maximize: bool, is_first_step: bool, grad_scale: Any = None,
         found_inf: Any = None) -> tuple[list, ...]:
@@ -136,6 +139,7 @@ def sgd(params: list, grads: list, momentum_buffer_list: list, *, weight_decay: 
     return kept[0], new_g, kept[1]
 
 
+@lowers(aten._amp_foreach_non_finite_check_and_unscale.default)
 def amp_unscale(grads: list, found_inf: Any, inv_scale: Any) -> tuple[list, Any]:
     """Functional `_amp_foreach_non_finite_check_and_unscale`: grads * inv_scale, and found_inf set to 1 when
     any gradient holds an inf or a NaN."""
@@ -148,6 +152,7 @@ def amp_unscale(grads: list, found_inf: Any, inv_scale: Any) -> tuple[list, Any]
     return out, jnp.where(bad, jnp.ones_like(found_inf), found_inf)
 
 
+@lowers(aten._amp_update_scale.default)
 def amp_update_scale(scale: Any, growth_tracker: Any, found_inf: Any, scale_growth_factor: float,
                      scale_backoff_factor: float, growth_interval: int) -> tuple[Any, Any]:
     """Functional `_amp_update_scale`: back off after an inf, grow after `growth_interval` clean steps."""
@@ -166,13 +171,8 @@ def amp_update_scale(scale: Any, growth_tracker: Any, found_inf: Any, scale_grow
 _ADAM = {aten._fused_adamw.default: True, aten._fused_adamw.tensor_lr: True,
          aten._fused_adam.default: False, aten._fused_adam.tensor_lr: False}
 
-OPTIM_LOWERINGS: dict[Any, Callable[..., Any]] = {
-    **{op: functools.partial(adam, decoupled=dec) for op, dec in _ADAM.items()},
-    aten._fused_sgd.default: sgd,
-    aten._fused_sgd.tensor_lr: sgd,
-    aten._amp_foreach_non_finite_check_and_unscale.default: amp_unscale,
-    aten._amp_update_scale.default: amp_update_scale,
-}
+for _op, _decoupled in _ADAM.items():
+    lowers(_op)(functools.partial(adam, decoupled=_decoupled))
 
 # in-place op -> (functional JAX function, its traced keyword hyperparameters, its static ones)
 _ADAM_SCALARS = ("lr", "beta1", "beta2", "weight_decay", "eps")
@@ -223,5 +223,5 @@ def eager_kernel(op: Any) -> Callable[..., None]:
     return kernel
 
 
-def eager_kernels() -> dict[Any, Callable[..., None]]:
-    return {op: eager_kernel(op) for op in _INPLACE}
+for _op in _INPLACE:  # fused optimizer steps: one program per step, traced hyperparameters
+    lowers(_op, kind="eager")(eager_kernel(_op))

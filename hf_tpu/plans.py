@@ -28,9 +28,9 @@ _SCALARS = (bool, int, float, str, type(None), torch.dtype, torch.device, torch.
 
 
 class Plan:
-    """`fn`: the lowering the program was traced from. A plan is used only while
-    eager_functional.eager_lowering still returns it, so a lowering replaced at run time (a test's fault injection, a user's override) is
-    honoured. `multi`: None for one output, else the container type of the outputs (tuple or list)."""
+    """`fn`: the lowering the program was traced from (a lowering replaced at run time goes through
+    hooks.override_lowerings, which forgets every plan). `multi`: None for one output, else the container
+    type of the outputs (tuple or list)."""
 
     __slots__ = ("fn", "program", "promote_to", "out_dtypes", "casts", "multi", "whole")
 

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from hf_tpu import dispatch  # sdpa is imported only once dispatch is loaded (device._register_direct_kernels)
+from hf_tpu.op_registry import lowers
 
 OP = torch.ops.aten.scaled_dot_product_attention.default
 
@@ -26,6 +27,7 @@ def _plain(x: Any) -> bool:
     return x is None or type(x) is torch.Tensor or type(x) is torch.nn.Parameter
 
 
+@lowers(OP, kind="autograd")
 def kernel(*args: Any, **kwargs: Any) -> Any:
     """The AutogradPrivateUse1 kernel of aten::scaled_dot_product_attention."""
     tensors = [a for a in args[:4] if isinstance(a, torch.Tensor)]

@@ -23,6 +23,9 @@ from typing import Any
 import torch
 
 from hf_tpu import tensor as T
+from hf_tpu.op_registry import lowers
+
+aten = torch.ops.aten
 
 _TPU_LOCATION = re.compile(r"^tpu(:\d+)?$")
 
@@ -68,6 +71,7 @@ def _elements(storage: Any, dtype: torch.dtype) -> T.Buffer:
     return buf
 
 
+@lowers(aten.set_.source_Storage, aten.set_.source_Storage_storage_offset, kind="eager")
 def set_source_storage(t: torch.Tensor, source: Any, storage_offset: int = 0, size: Any = None,
                        stride: Any = None) -> torch.Tensor:
     """`t.set_(storage, offset, size, stride)` for a tpu storage: t becomes a view of the storage's elements

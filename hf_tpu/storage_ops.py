@@ -13,6 +13,9 @@ from hf_tpu import devices, dtypes, float8, fused, runtime
 from hf_tpu import tensor as T
 from hf_tpu.eager_functional import check_device, run_functional
 from hf_tpu.op_dtypes import map_args
+from hf_tpu.op_registry import lowers
+
+aten = torch.ops.aten
 
 
 def _zeros(size: Any, dtype: torch.dtype | None) -> torch.Tensor:
@@ -24,11 +27,13 @@ def _zeros(size: Any, dtype: torch.dtype | None) -> torch.Tensor:
     return T.wrap_lazy(shape, dtype, lambda: float8.zeros(shape, jdt))
 
 
+@lowers(aten.empty.memory_format, kind="eager")
 def empty(size: Any, *, dtype: Any = None, device: Any = None, **_: Any) -> torch.Tensor:
     check_device(device)
     return _zeros(size, dtype)
 
 
+@lowers(aten.empty_strided.default, kind="eager")
 def empty_strided(size: Any, stride: Any, *, dtype: Any = None, device: Any = None, **_: Any) -> torch.Tensor:
     check_device(device)
     return _zeros(size, dtype)
@@ -37,6 +42,7 @@ def empty_strided(size: Any, stride: Any, *, dtype: Any = None, device: Any = No
 _MULTI = devices.MULTI
 
 
+@lowers(aten._copy_from.default, kind="eager")
 def copy_from(src: torch.Tensor, dst: torch.Tensor, non_blocking: bool = False) -> torch.Tensor:
     if dst.device.type == "tpu":
         if src.device.type == "tpu":
@@ -56,6 +62,7 @@ def _moved(array: Any, dst: torch.Tensor) -> Any:
     return runtime.jax().device_put(array, T.jax_device(dst.device.index))
 
 
+@lowers(aten._copy_from_and_resize.default, kind="eager")
 def copy_from_and_resize(src: torch.Tensor, dst: torch.Tensor) -> torch.Tensor:
     if tuple(dst.shape) != tuple(src.shape):
         if dst.device.type == "tpu":
@@ -68,6 +75,7 @@ def copy_from_and_resize(src: torch.Tensor, dst: torch.Tensor) -> torch.Tensor:
     return copy_from(src, dst)
 
 
+@lowers(aten.resize_.default, kind="eager")
 def resize_(t: torch.Tensor, size: Any, memory_format: Any = None) -> torch.Tensor:
     size = [int(s) for s in size]
     if list(t.shape) == size:
@@ -82,6 +90,7 @@ def resize_(t: torch.Tensor, size: Any, memory_format: Any = None) -> torch.Tens
     return t
 
 
+@lowers(aten.set_.source_Tensor, kind="eager")
 def set_source_tensor(t: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
     t.data = src  # shares src's StorageImpl, hence its payload
     return t

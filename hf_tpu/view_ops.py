@@ -12,6 +12,9 @@ import torch
 
 from hf_tpu import lowering, op_jit
 from hf_tpu import tensor as T
+from hf_tpu.op_registry import lowers
+
+aten = torch.ops.aten
 
 
 def _infer_size(size: Any, numel: int) -> list[int]:
@@ -31,14 +34,17 @@ def _infer_size(size: Any, numel: int) -> list[int]:
     return size
 
 
+@lowers(aten.view.default, aten._unsafe_view.default, kind="eager")
 def view(src: torch.Tensor, size: Any) -> torch.Tensor:
     return T.view_reshape(src, _infer_size(size, src.numel()))
 
 
+@lowers(aten.as_strided.default, kind="eager")
 def as_strided(src: torch.Tensor, size: Any, stride: Any, storage_offset: Any = None) -> torch.Tensor:
     return T.make_view(src, [int(s) for s in size], [int(s) for s in stride], int(storage_offset or 0))
 
 
+@lowers(aten.alias.default, kind="eager")
 def alias(src: torch.Tensor) -> torch.Tensor:
     return T.make_view(src, list(src.shape), list(src.stride()), 0)
 
@@ -105,11 +111,13 @@ def generic_view(op: Any, args: tuple, kwargs: dict) -> torch.Tensor | list[torc
     return [T.view_of(p.buf, size, src.dtype, v, src) for size, v in made]
 
 
+@lowers(aten.view.dtype, kind="eager")
 def view_dtype(src: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """`x.view(dtype)`: a bitcast copy (lowering.view_dtype), not an alias."""
     return T.wrap(lowering.view_dtype(T.value(src), dtype), dtype)
 
 
+@lowers(aten.view_as_real.default, kind="eager")
 def view_as_real(src: torch.Tensor) -> torch.Tensor:
     # A view that reinterprets dtype cannot be an index into the same buffer: tpu gives a copy. In-place
     # writes through it do not reach the complex tensor (rare: FFT-based models only read it).
@@ -118,6 +126,10 @@ def view_as_real(src: torch.Tensor) -> torch.Tensor:
     return T.wrap(jnp.stack([jnp.real(v), jnp.imag(v)], axis=-1))
 
 
+@lowers(aten.view_as_complex.default, kind="eager")
 def view_as_complex(src: torch.Tensor) -> torch.Tensor:
     v = T.value(src)
     return T.wrap(v[..., 0] + 1j * v[..., 1])
+
+
+lowers(aten._reshape_alias.default, kind="eager")(lambda src, size, stride: view(src, size))

@@ -26,7 +26,7 @@ HF_TPU_LAYERS: list[tuple[str, list[str]]] = [
     ("foundations: errors, dtypes, settings, counters; nothing of JAX",
      ["hf_tpu.errors", "hf_tpu.devices", "hf_tpu.dtypes", "hf_tpu.precision", "hf_tpu.compile_options", "hf_tpu.module_moves",
       "hf_tpu.counters", "hf_tpu.memory", "hf_tpu.no_dynamo", "hf_tpu.autocast", "hf_tpu.process_group",
-      "hf_tpu.bounded"]),
+      "hf_tpu.bounded_sizes", "hf_tpu.bounded_plan", "hf_tpu.bounded", "hf_tpu.op_registry"]),
     ("JAX, started on first use", ["hf_tpu.runtime"]),
     ("helpers of the lowerings", ["hf_tpu.torchax_compat", "hf_tpu.rng", "hf_tpu.views", "hf_tpu.lowering_ops",
                                   "hf_tpu.lowering_parity", "hf_tpu.float8"]),
@@ -44,7 +44,7 @@ HF_TPU_LAYERS: list[tuple[str, list[str]]] = [
     ("the torch.compile backend", ["hf_tpu.compile"]),
     ("torch.tpu and its C++ hooks", ["hf_tpu.tpu_api", "hf_tpu.tpu_api.*", "hf_tpu.native"]),
     ("registration", ["hf_tpu.device"]),
-    ("instrumentation for the harness and tests", ["hf_tpu.hooks"]),
+    ("instrumentation for the harness and tests; the table of ops", ["hf_tpu.hooks", "hf_tpu.op_table"]),
     ("patches of upstream libraries", ["hf_tpu.patches", "hf_tpu.patches.*"]),
     ("the package's face", ["hf_tpu", "hf_tpu._autoload"]),
 ]

@@ -74,11 +74,11 @@ def lowering_fingerprint() -> str:
     """Digest of which ops hf_tpu lowers directly (hand-written or torchax's, as lowering.find accepts them):
     the part of the lowering table that shapes the ATen graph, since every other op is decomposed first
     (hf_tpu.graph_compiler.decompositions). Cheaper than listing the decompositions (~1 s to materialise)."""
-    from hf_tpu import lowering
+    from hf_tpu import lowering, op_registry
     from hf_tpu.torchax_compat import load_op_table
 
     lowerings, _ = load_op_table()
-    ops: set[Any] = set(lowering.HAND_LOWERINGS)
+    ops: set[Any] = set(op_registry.table("jax"))
     for op in lowerings:
         if isinstance(op, torch._ops.OpOverloadPacket):
             ops.update(getattr(op, name) for name in op.overloads())

@@ -11,6 +11,7 @@ import torch
 import hf_tpu
 
 traces = 0
+_injected = None
 
 
 def _count_traces() -> None:
@@ -65,16 +66,13 @@ def main() -> None:
     hf_tpu.set_matmul_precision(os.environ.get("CHILD_PRECISION", "highest"))
     if os.environ.get("CHILD_INJECT") == "1":
         # an injected lowering change: aten.relu lowered as identity (the op's lowering, not the graph)
-        from hf_tpu import lowering
+        from hf_tpu import hooks
 
-        original_find = lowering.find
-
-        def find(op):  # noqa: ANN001, ANN202
-            if op is torch.ops.aten.relu.default:
-                return lambda x: x
-            return original_find(op)
-
-        lowering.find = find
+        relu = torch.ops.aten.relu.default
+        # for the child's whole life: entered, never left (held, or the generator's cleanup would leave it)
+        global _injected
+        _injected = hooks.override_lowerings(lambda op, fn: (lambda x: x) if op is relu else None)
+        _injected.__enter__()
     if os.environ.get("CHILD_PREBUILD"):
         # models built earlier in the process (as in a sweep worker) must not shape the saved graph's guards
         import transformers

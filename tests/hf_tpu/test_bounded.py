@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hf_tpu import bounded
+from hf_tpu import bounded, bounded_plan
 from hf_tpu import compile as C
 from hf_tpu.precision import cpu_reference
 
@@ -138,12 +138,12 @@ def test_view_rule() -> None:
     s = env.create_unbacked_symint()
     with FakeTensorMode(shape_env=env):
         a = torch.empty(1, s, 12)
-        assert bounded._view_ok(a, torch.empty(s, 12))  # [1, s, 12] -> [s, 12]
-        assert bounded._view_ok(a, torch.empty(1, s, 3, 4))  # split the static inner dimension
-        assert bounded._view_ok(a, torch.empty(12 * s))  # s outermost of the merge
+        assert bounded_plan.view_ok(a, torch.empty(s, 12))  # [1, s, 12] -> [s, 12]
+        assert bounded_plan.view_ok(a, torch.empty(1, s, 3, 4))  # split the static inner dimension
+        assert bounded_plan.view_ok(a, torch.empty(12 * s))  # s outermost of the merge
         b = torch.empty(2, s, 4)
-        assert not bounded._view_ok(b, torch.empty(2 * s, 4))  # batch 1's real positions would move
-        assert not bounded._view_ok(b, torch.empty(8 * s))
+        assert not bounded_plan.view_ok(b, torch.empty(2 * s, 4))  # batch 1's real positions would move
+        assert not bounded_plan.view_ok(b, torch.empty(8 * s))
 
 
 def test_training_with_marked_lengths_gives_cpu_gradients(highest) -> None:

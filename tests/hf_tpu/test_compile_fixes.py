@@ -173,11 +173,10 @@ def test_item_returned_by_a_graph_is_a_python_number(highest, monkeypatch, tmp_p
 def test_saved_graph_that_cannot_be_lowered_takes_the_ordinary_path(highest, monkeypatch, tmp_path) -> None:
     # a value the full-graph capture kept in its graph that XLA cannot trace: the first call goes the ordinary
     # torch.compile way (which splits the graph there) instead of failing, and later calls go there directly
-    from hf_tpu import compile as tpu_compile
-    from hf_tpu import compile_cache
+    from hf_tpu import compile_cache, op_registry
 
     _graph_cache_on(monkeypatch, tmp_path)
-    monkeypatch.setitem(tpu_compile.GRAPH_LOWERINGS, torch.ops.aten._local_scalar_dense.default, lambda x: int(x))
+    monkeypatch.setitem(op_registry.table("graph"), torch.ops.aten._local_scalar_dense.default, lambda x: int(x))
     x, lengths = torch.randn(2, 5), torch.tensor([3, 5])
     want = _AssertOnItem()(x, lengths)
     torch._dynamo.reset()

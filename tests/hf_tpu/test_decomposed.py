@@ -106,22 +106,19 @@ def test_sdpa_compiles_as_before(highest):
                                atol=1e-5, rtol=1e-5)
 
 
-def test_a_replaced_sub_op_lowering_reaches_a_traced_decomposition(highest, monkeypatch):
+def test_a_replaced_sub_op_lowering_reaches_a_traced_decomposition(highest):
     """SDPA's program has bmm's lowering baked in: a fault injected into bmm (the sweep's canary) must show."""
-    from hf_tpu import lowering
+    from hf_tpu import hooks
 
     q = torch.randn(1, 2, 8, 4)
     qt = q.to("tpu")
     ref = F.scaled_dot_product_attention(q, q, q).abs().sum()
     torch.testing.assert_close(F.scaled_dot_product_attention(qt, qt, qt).cpu().abs().sum(), ref)  # traced now
-    real = lowering.find
 
-    def find(op):
-        fn = real(op)
-        return (lambda *a, **k: fn(*a, **k) * 2) if op is torch.ops.aten.bmm.default and fn else fn
+    def replace(op, fn):
+        return (lambda *a, **k: fn(*a, **k) * 2) if op is torch.ops.aten.bmm.default else None
 
-    monkeypatch.setattr(lowering, "find", find)  # op_jit's programs are not cleared: the canary does not either
-    faulty = F.scaled_dot_product_attention(qt, qt, qt).cpu().abs().sum()
+    with hooks.override_lowerings(replace):  # op_jit's programs are not cleared: the canary does not either
+        faulty = F.scaled_dot_product_attention(qt, qt, qt).cpu().abs().sum()
     assert not torch.allclose(faulty, ref, rtol=1e-3)
-    monkeypatch.undo()
     torch.testing.assert_close(F.scaled_dot_product_attention(qt, qt, qt).cpu().abs().sum(), ref)

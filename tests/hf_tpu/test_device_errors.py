@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import hf_tpu
-from hf_tpu import lowering
+from hf_tpu import hooks, lowering
 
 
 def test_device_index_out_of_range() -> None:
@@ -36,14 +36,9 @@ def test_unsupported_dtype() -> None:
 def missing_lowering(monkeypatch):
     """Pretend `aten.erfinv` has no lowering (as an op torchax lacks would)."""
     op = torch.ops.aten.erfinv.default
-    orig = lowering.find.__wrapped__
-
-    def find(o):
-        return None if o is op else orig(o)
-
-    monkeypatch.setattr(lowering, "find", find)
     monkeypatch.setattr(lowering, "decomposition", lambda o: None)
-    return op
+    with hooks.override_lowerings(lambda o, fn: hooks.NO_LOWERING if o is op else None):
+        yield op
 
 
 def test_missing_lowering_names_the_op(missing_lowering) -> None:

@@ -92,21 +92,19 @@ def test_errors_still_name_the_op():
         a + b
 
 
-def test_a_lowering_replaced_at_run_time_is_honoured(monkeypatch):
-    from hf_tpu import lowering, op_jit
+def test_a_lowering_replaced_at_run_time_is_honoured():
+    from hf_tpu import hooks
 
     x = torch.randn(5).to("tpu")
     torch.testing.assert_close(torch.exp(x).cpu(), torch.exp(x.cpu()))  # a plan for exp exists now
-    real = lowering.find
 
-    def find(op):
-        fn = real(op)
-        return (lambda *a, **k: fn(*a, **k) + 1) if op is torch.ops.aten.exp.default else fn
+    def replace(op, fn):
+        return (lambda *a, **k: fn(*a, **k) + 1) if op is torch.ops.aten.exp.default else None
 
-    monkeypatch.setattr(lowering, "find", find)
-    monkeypatch.setattr(op_jit, "_programs", {})  # programs are keyed by op: jitted ones keep their lowering
-    torch.testing.assert_close(torch.exp(x).cpu(), torch.exp(x.cpu()) + 1)
-    monkeypatch.undo()  # the real lowering and the programs jitted from it
+    with hooks.override_lowerings(replace):
+        torch.testing.assert_close(torch.exp(x).cpu(), torch.exp(x.cpu()) + 1)
+        torch.testing.assert_close(torch.exp(x).cpu(), torch.exp(x.cpu()) + 1)  # its own plan
+    # the real lowering again, and the plan made from it
     torch.testing.assert_close(torch.exp(x).cpu(), torch.exp(x.cpu()))
 
 

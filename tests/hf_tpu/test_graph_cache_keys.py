@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import hf_tpu  # noqa: F401
-from hf_tpu import lowering
+from hf_tpu import lowering, op_registry
 from hf_tpu.compile_cache import artifact, keys
 
 
@@ -84,7 +84,7 @@ def test_lowering_table_changes_the_key(model, monkeypatch) -> None:
     base = key(model)
     # an op gaining a lowering: it is no longer decomposed, so the ATen graph would differ
     keys.lowering_fingerprint.cache_clear()
-    monkeypatch.setitem(lowering.HAND_LOWERINGS, torch.ops.aten.fake_quantize_per_tensor_affine.default,
+    monkeypatch.setitem(op_registry.table("jax"), torch.ops.aten.fake_quantize_per_tensor_affine.default,
                         lambda *a, **k: a[0])
     lowering.find.cache_clear()
     try:

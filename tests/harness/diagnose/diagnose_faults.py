@@ -1,9 +1,10 @@
-"""Deliberate faults for the diagnose tests, applied in-process (monkeypatch) or, for a repro run in a
-subprocess, by a sitecustomize.py that calls `apply(name)`."""
+"""Deliberate faults for the diagnose tests, applied in-process (`with applied(name)`) or, for a repro run in a
+subprocess, by a sitecustomize.py that calls `apply(name)` for the whole process."""
 
 from __future__ import annotations
 
-import functools
+import contextlib
+from collections.abc import Iterator
 
 import torch
 
@@ -12,29 +13,37 @@ ERFINV = torch.ops.aten.erfinv.default
 PERTURBATION = 1e-2
 
 
-def apply(name: str, setattr=setattr) -> None:  # noqa: A002 - monkeypatch.setattr or the builtin
-    from hf_tpu import lowering, op_jit
-
-    orig = lowering.find.__wrapped__  # the uncached lookup
+@contextlib.contextmanager
+def applied(name: str) -> Iterator[None]:
+    """The fault `name` within the block, through hf_tpu.hooks.override_lowerings."""
+    from hf_tpu import hooks, lowering
 
     if name == "perturb_gelu":
-        @functools.cache
-        def find(op):
-            fn = orig(op)
-            if op is GELU and fn is not None:
-                return lambda *a, **k: fn(*a, **k) + PERTURBATION
-            return fn
-    elif name == "missing_erfinv":
-        @functools.cache
-        def find(op):
-            return None if op is ERFINV else orig(op)
+        def replace(op, fn):  # noqa: ANN001, ANN202
+            return (lambda *a, **k: fn(*a, **k) + PERTURBATION) if op is GELU else None
 
+        with hooks.override_lowerings(replace):
+            yield
+    elif name == "missing_erfinv":
         old_dec = lowering.decomposition
-        setattr(lowering, "decomposition", lambda op: None if op is ERFINV else old_dec(op))
+        lowering.decomposition = lambda op: None if op is ERFINV else old_dec(op)
+        try:
+            with hooks.override_lowerings(lambda op, fn: hooks.NO_LOWERING if op is ERFINV else None):
+                yield
+        finally:
+            lowering.decomposition = old_dec
     else:
         raise ValueError(name)
-    setattr(lowering, "find", find)
-    setattr(op_jit, "_programs", {})  # programs jitted before the patch would keep the old lowering
+
+
+_held: list[contextlib.AbstractContextManager] = []
+
+
+def apply(name: str) -> None:
+    """The fault `name` for the rest of the process (a repro script's sitecustomize)."""
+    held = applied(name)
+    held.__enter__()
+    _held.append(held)
 
 
 SITECUSTOMIZE = """import sys

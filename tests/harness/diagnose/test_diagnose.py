@@ -3,6 +3,7 @@ reproduces the failure in a fresh process (with the same fault injected by a sit
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -81,14 +82,9 @@ def run_repro(path: str, fault: str | None, tmp_path: Path) -> subprocess.Comple
 
 
 @pytest.fixture
-def fault(monkeypatch):
-    def apply(name):
-        diagnose_faults.apply(name, setattr=monkeypatch.setattr)
-
-    yield apply
-    from hf_tpu import op_jit
-
-    op_jit._programs.clear()
+def fault():
+    with contextlib.ExitStack() as stack:
+        yield lambda name: stack.enter_context(diagnose_faults.applied(name))
 
 
 def test_perturbed_lowering_is_located(fault, tmp_path) -> None:

@@ -9,12 +9,9 @@ from harness.schema import COLUMN_NAMES
 
 
 @pytest.fixture
-def perturbed(monkeypatch):
-    diagnose_faults.apply("perturb_gelu", setattr=monkeypatch.setattr)
-    yield
-    from hf_tpu import op_jit
-
-    op_jit._programs.clear()
+def perturbed():
+    with diagnose_faults.applied("perturb_gelu"):
+        yield
 
 
 def test_sweep_diagnose_fills_the_columns(perturbed, tmp_path) -> None:

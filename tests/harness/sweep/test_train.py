@@ -48,23 +48,16 @@ def test_a_pipeline_is_not_trainable_and_its_train_rows_are_skipped(tmp_path):
     assert rows["eager"]["error_message"].startswith("not trainable: _Pipeline is not a torch.nn.Module")
 
 
-def test_wrong_backward_lowering_is_fail_accuracy_naming_the_parameter(tmp_path, monkeypatch):
+def test_wrong_backward_lowering_is_fail_accuracy_naming_the_parameter(tmp_path):
     """mm's lowering scaled by 1.05: the Linear layers' forward is addmm, their backward mm, so only the backward
     is wrong (the canary's mechanism, harness/sweep/canary.py, on one backward op)."""
-    from hf_tpu import lowering
+    from hf_tpu import hooks
 
-    original = lowering.find
-    cache = {}
+    def replace(op, fn):
+        return (lambda *a, **k: fn(*a, **k) * 1.05) if op.__name__.split(".")[0] == "mm" else None
 
-    def find(op):
-        if op not in cache:
-            fn = original(op)
-            name = getattr(op, "__name__", "").split(".")[0]
-            cache[op] = fn if fn is None or name != "mm" else (lambda *a, **k: fn(*a, **k) * 1.05)
-        return cache[op]
-
-    monkeypatch.setattr(lowering, "find", find)
-    row = _train_rows("pass", tmp_path)["eager"]
+    with hooks.override_lowerings(replace):
+        row = _train_rows("pass", tmp_path)["eager"]
     assert row["status"] == "fail_accuracy", {k: v for k, v in row.items() if v not in (None, "")}
     assert row["located_module"] == "fc1.weight"  # the first parameter (model order) whose gradient is wrong
     assert "first diverging gradient: fc1.weight" in row["error_message"]
