@@ -12,17 +12,22 @@ Two kinds of decomposition must not become a program:
   JAX tracer error while being traced; op_jit then marks the op untraceable and runs it plainly;
 - one that draws random numbers would have its PRNG key frozen into the program (the same numbers on every
   call); a draw while tracing raises `op_jit.Untraceable` for the same fallback.
+
+While tracing, fused eager mode (fused.py) is off: a deferred sub-op would be a node of tracers, and reading
+it would run the pending graph inside the trace, handing every pending tensor still held a tracer for a value
+(an UnexpectedTracerError when one is read later).
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch.utils import _pytree as pytree
 
-from hf_tpu import op_jit, rng
+from hf_tpu import fused, op_jit, rng
 from hf_tpu import tensor as T
 from hf_tpu.errors import TpuOpError
 
@@ -50,7 +55,9 @@ def as_lowering(op: Any, dec: Callable[..., Any]) -> Callable[..., Any]:
         draws, key = rng.draws(), rng.get_state()
         targs, tkwargs = pytree.tree_map(wrap, (args, kwargs))
         try:
-            with torch.no_grad():  # a functional op on arrays: autograd is above us (dispatch runs below it)
+            # a functional op on arrays: autograd is above us (dispatch runs below it); traced, its sub-ops
+            # trace inline rather than being deferred (fused.py)
+            with torch.no_grad(), fused.defer_and_fuse(False) if tracing else contextlib.nullcontext():
                 out = dec(*targs, **tkwargs)
         except TpuOpError as exc:  # a sub-op's tracer error, wrapped with its op's name: let op_jit see it
             if tracing:

@@ -307,3 +307,22 @@ def test_a_compiled_graph_reading_a_pending_input_is_named():
         y = f(x)
     assert fused.stats()["materialised_by"] == {"torch.compile graph": 1}
     torch.testing.assert_close(y.cpu(), (a.cpu() + 1).abs() * 2)
+
+
+def test_a_decomposition_traced_in_fused_mode_runs_no_pending_work_in_its_trace(highest):
+    """An op without a lowering runs as one traced program of its decomposition (decomposed.py), whose sub-ops
+    go through dispatch under jax.jit. Deferred there, they would be nodes of tracers, and reading one ran the
+    pending graph inside the trace: the tensors still held (here `held`) got tracers as values, and reading
+    them later raised UnexpectedTracerError (fused train rows after a first entry: Bert, T5, GPT-2)."""
+    torch.manual_seed(0)
+    x = torch.randn(3, 7, 5)  # a shape no other test uses: _safe_softmax's program is traced here
+    a = x.to("tpu")
+    for _ in range(2):  # an op is deferred once the fast path has a plan for it (made by its first calls)
+        (a * 2).cpu(), torch.zeros_like(a).cpu()
+    with hf_tpu.defer_and_fuse():
+        held = a * 2  # pending while the decomposition is traced
+        assert T.payload(held).buf._array is None  # (else this test tests nothing)
+        y = torch.ops.aten._safe_softmax.default(a + 1, -1)  # its decomposition makes zeros_like(out)
+        got_held, got_y = held.cpu(), y.cpu()
+    assert torch.equal(got_held, x * 2)
+    assert torch.allclose(got_y, torch.softmax(x + 1, -1), atol=1e-6)
