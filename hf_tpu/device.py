@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import os
+import threading
 from typing import Any
 
 import torch
@@ -43,6 +44,8 @@ class _Guard(torch._C._acc.DeviceGuard):
 
 _direct_done = False
 _first_op_callbacks: list[Any] = []
+_ready = False  # registration finished: other threads may dispatch
+_first_op_lock = threading.RLock()  # reentrant: the callbacks may run tpu ops themselves
 
 
 def on_first_op(fn: Any) -> None:
@@ -53,15 +56,21 @@ def on_first_op(fn: Any) -> None:
 
 
 def _fallback(op: Any, *args: Any, **kwargs: Any) -> Any:
-    global _direct_done
-    if not _direct_done:
+    global _direct_done, _ready
+    if not _ready:
         from hf_tpu import devices
 
         devices.check_config()  # a bad HF_TPU_NUM_DEVICES fails the first tpu op, not `import torch`
-        _direct_done = True
-        _register_direct_kernels()
-        for fn in _first_op_callbacks:
-            fn()
+        # Under a lock: Transformers' loader moves weights in several threads, and a second thread's first
+        # op found the flag set before `_dispatch` was bound ("'NoneType' object is not callable"). The
+        # lock is reentrant and the flag set first: the first thread's registration may run tpu ops.
+        with _first_op_lock:
+            if not _direct_done:
+                _direct_done = True
+                _register_direct_kernels()
+                for fn in _first_op_callbacks:
+                    fn()
+                _ready = True
     return _dispatch(op, args, kwargs)
 
 

@@ -205,10 +205,11 @@ def wrap_pending(node: Any, dtype: torch.dtype) -> torch.Tensor:
     return t
 
 
-def wrap_lazy(shape: tuple[int, ...], dtype: torch.dtype, loader: Callable[[], Any]) -> torch.Tensor:
+def wrap_lazy(shape: tuple[int, ...], dtype: torch.dtype, loader: Callable[[], Any],
+              index: int | None = None) -> torch.Tensor:
     """A new tpu tensor whose array `loader()` makes on first use (it must return that shape and dtype), on
-    the running op's device (the array is moved there when the loader made it elsewhere)."""
-    index = op_index() if _MULTI else 0
+    tpu:`index`, else the running op's device (the array is moved there when the loader made it elsewhere)."""
+    index = (op_index() if index is None else index) if _MULTI else 0
     if index:
         loader = functools.partial(_loaded_on, loader, index)
     buf = Buffer(loader=loader, shape=tuple(shape))

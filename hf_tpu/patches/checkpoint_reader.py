@@ -11,10 +11,13 @@ import weakref
 from typing import Any
 
 
-def cpu_to_tpu(t: Any, adopt: bool) -> Any:
-    """`t` as a tpu tensor; with `adopt`, the device array may share `t`'s memory (t must not be used again)."""
+def cpu_to_tpu(t: Any, adopt: bool, index: int | None = None) -> Any:
+    """`t` as a tensor of tpu:`index` (None: the current device); with `adopt`, the device array may share
+    `t`'s memory (t must not be used again)."""
     from hf_tpu import tensor as T
 
+    if index is None:
+        index = T.op_index()  # "tpu": the current device, as t.to("tpu") would
     if adopt and t.data_ptr() % T.XLA_ALIGN:
         # A checkpoint's tensors sit wherever its header ends (safetensors aligns to 8 bytes), so XLA would
         # copy this one out of the mapping now, pulling the file's pages into this process's RSS beside
@@ -23,8 +26,8 @@ def cpu_to_tpu(t: Any, adopt: bool) -> Any:
         where = mapped_range(t)
         if where is not None:
             return T.wrap_lazy(tuple(t.shape), t.dtype, functools.partial(read_range, *where, t.dtype,
-                                                                          tuple(t.shape)))
-    return T.wrap(T.from_cpu(t, adopt=adopt), t.dtype)
+                                                                          tuple(t.shape)), index)
+    return T.wrap(T.from_cpu(t, adopt=adopt, index=index), t.dtype)
 
 
 class OpenFile:

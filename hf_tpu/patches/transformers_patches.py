@@ -150,15 +150,19 @@ def _materialize_to_tpu(orig: Any, mod: Any) -> Any:
 
     @functools.wraps(orig)
     def _materialize_copy(tensor: Any, device: Any = None, dtype: Any = None) -> Any:
+        import torch
+
+        if isinstance(device, int):  # an accelerator index (device_map="auto" over tpu:0..N-1): tpu:i
+            device = torch.device(device)
         if device is not None and is_hf_tpu_device(device):
-            import torch
+            index = torch.device(device).index
 
             fresh = not isinstance(tensor, torch.Tensor)  # a safetensors slice: `[...]` reads a new buffer
             cpu = tensor[...]
             if getattr(cpu, "device", None) is not None and cpu.device.type == "cpu":
                 if dtype is not None and cpu.dtype != dtype:
                     cpu, fresh = cpu.to(dtype), True
-                return cpu_to_tpu(cpu, adopt=fresh)
+                return cpu_to_tpu(cpu, adopt=fresh, index=index)
         return orig(tensor, device, dtype)
 
     return _materialize_copy
