@@ -249,13 +249,6 @@ def copy_sharing(t: torch.Tensor, copies: dict[int, tuple[Buffer, Buffer]]) -> t
     return new
 
 
-def storage_identity(t: torch.Tensor) -> int:
-    """The identity of the device buffer `t` reads: equal for a tensor, its views and its aliases, as a
-    storage's data pointer is for a CPU tensor (a tpu tensor's PyTorch storage has no data pointer).
-    Never loads a lazy buffer."""
-    return id(payload(t).buf)
-
-
 def is_tpu(t: Any) -> bool:
     return isinstance(t, torch.Tensor) and t.device.type == "tpu"
 

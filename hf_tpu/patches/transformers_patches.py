@@ -168,30 +168,6 @@ def _materialize_to_tpu(orig: Any, mod: Any) -> Any:
     return _materialize_copy
 
 
-# -------------------------------------------------------------------------------------- tpu_storage_identity
-@patch("transformers.pytorch_utils", "id_tensor_storage", "tpu_storage_identity")
-def _storage_identity(orig: Any, mod: Any) -> Any:
-    """Upstream: `pytorch_utils.id_tensor_storage` tells tensors that share memory apart by their storage's
-    data pointer (torch_xla's tensors, which have none, get a special case). A tpu tensor's PyTorch storage
-    has no data pointer either (its data is a JAX array), so every tpu tensor looked like one shared
-    storage and `save_pretrained` of a tpu model failed with "The weights trying to be saved contained
-    shared tensors". Fix: for hf_tpu's tensors, the identity of the device buffer they read (shared by
-    views and tied weights, as a data pointer is)."""
-
-    @functools.wraps(orig)
-    def id_tensor_storage(tensor: Any) -> Any:
-        if getattr(tensor, "device", None) is not None and tensor.device.type == "tpu" \
-                and tpu_served_by_hf_tpu():
-            from hf_tpu import tensor as T
-
-            # (the size slot: 0, as the buffer identity alone is unique and reading a lazy buffer's
-            # size would load it)
-            return (tensor.device, T.storage_identity(tensor), 0)
-        return orig(tensor)
-
-    return id_tensor_storage
-
-
 # --------------------------------------------------------------------------------- tpu_output_capture_guards
 @patch("transformers.utils.output_capturing", "_CanRecordRegistry.get", "tpu_output_capture_guards", optional=True)
 def _output_capture_registry(orig: Any, mod: Any) -> Any:

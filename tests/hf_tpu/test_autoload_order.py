@@ -33,21 +33,20 @@ CHECK = textwrap.dedent("""
     mu = sys.modules.get("transformers.modeling_utils")
     if mu is not None:
         applied = patches.applied()
-        for name in ("tpu_unavailable_error", "tpu_skip_allocator_warmup", "checkpoint_file_errors",
-                     "tpu_storage_identity"):
+        for name in ("tpu_unavailable_error", "tpu_skip_allocator_warmup", "checkpoint_file_errors"):
             assert name in applied, (name, applied)
-        for f in (mu.check_and_set_device_map, mu.caching_allocator_warmup, mu.id_tensor_storage):
+        for f in (mu.check_and_set_device_map, mu.caching_allocator_warmup):
             assert getattr(f, "_hf_tpu_patched", False), f
     import torch, copy
     import transformers.modeling_utils as mu, transformers.pytorch_utils as pu
     import transformers.core_model_loading as cml, accelerate.utils as au, accelerate.utils.modeling as am
-    patched = [mu.check_and_set_device_map, mu.caching_allocator_warmup, mu.id_tensor_storage,
-               pu.id_tensor_storage, cml._materialize_copy, am.get_max_memory, au.get_max_memory,
-               torch.Tensor.__deepcopy__]
+    patched = [mu.check_and_set_device_map, mu.caching_allocator_warmup, cml._materialize_copy,
+               am.get_max_memory, au.get_max_memory, torch.Tensor.__deepcopy__]
     missing = [f"{f.__module__}.{f.__name__}" for f in patched if not getattr(f, "_hf_tpu_patched", False)]
     assert not missing, missing
     a, b = torch.ones(2, device="tpu"), torch.ones(2, device="tpu")
-    assert mu.id_tensor_storage(a) != mu.id_tensor_storage(b)  # the patch's purpose
+    # unpatched: tpu tensors' data_ptr() tells buffers apart, as Transformers' shared-storage check needs
+    assert mu.id_tensor_storage(a) != mu.id_tensor_storage(b) and pu.id_tensor_storage is mu.id_tensor_storage
     assert mu.id_tensor_storage(a[1:]) == mu.id_tensor_storage(a)
     assert copy.deepcopy(a).cpu().tolist() == [1.0, 1.0]
     print("ok")
@@ -67,9 +66,9 @@ def test_a_failing_patch_does_not_break_import_torch() -> None:
     # a patch that raises (an upstream rename, say) warns instead of failing `import torch`
     code = textwrap.dedent("""
         import types, sys, warnings
-        fake = types.ModuleType("transformers.pytorch_utils")  # lacks id_tensor_storage
+        fake = types.ModuleType("transformers.core_model_loading")  # lacks _materialize_copy
         fake.__spec__ = None
-        sys.modules["transformers.pytorch_utils"] = fake
+        sys.modules["transformers.core_model_loading"] = fake
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             import torch
