@@ -139,5 +139,6 @@ def test_rounding_dominated_outputs_at_medium_are_unjudged_not_failed():
     assert rounding_dominated(ref, wild, fp64, medium) == ""  # a tpu 10x farther off is still a failure
     close = {"y": fp64["y"].float()}
     assert rounding_dominated(close, tpu, fp64, medium) == ""  # the baseline is not noisy: the usual rules judge
-    assert rounding_dominated(ref, tpu, fp64, tolerance_for("x", "highest", "float32")) == ""  # not at highest
+    # at highest the same holds for float32 rounding through a chaotic model (RT-DETR's query selection)
+    assert "rounding-dominated" in rounding_dominated(ref, tpu, fp64, tolerance_for("x", "highest", "float32"))
     assert rounding_dominated(ref, tpu, None, medium) == ""
