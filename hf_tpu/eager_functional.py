@@ -193,5 +193,5 @@ def _run_functional(op: Any, args: tuple, kwargs: dict) -> tuple[Any, plans.Plan
             return cpu_fallback(op, args, kwargs), None
         raise lowering.NoLowering(op, " for these arguments")
     out = wrap_outputs(op, res, args, kwargs)
-    plan = plans.make(fn, program, promote_to, res, out) if program is not None and plannable else None
+    plan = plans.make(program, promote_to, res, out) if program is not None and plannable else None
     return out, plan

@@ -28,15 +28,15 @@ _SCALARS = (bool, int, float, str, type(None), torch.dtype, torch.device, torch.
 
 
 class Plan:
-    """`fn`: the lowering the program was traced from (a lowering replaced at run time goes through
-    hooks.override_lowerings, which forgets every plan). `multi`: None for one output, else the container
-    type of the outputs (tuple or list)."""
+    """A lowering replaced at run time goes through hooks.override_lowerings, which forgets every plan, so a
+    plan need not remember which lowering its program came from. `multi`: None for one output, else the
+    container type of the outputs (tuple or list)."""
 
-    __slots__ = ("fn", "program", "promote_to", "out_dtypes", "casts", "multi", "whole")
+    __slots__ = ("program", "promote_to", "out_dtypes", "casts", "multi", "whole")
 
-    def __init__(self, fn: Callable[..., Any], program: Callable[..., Any], promote_to: Any,
-                 out_dtypes: tuple[torch.dtype, ...], casts: tuple[Any, ...], multi: type | None) -> None:
-        self.fn, self.program, self.promote_to = fn, program, promote_to
+    def __init__(self, program: Callable[..., Any], promote_to: Any, out_dtypes: tuple[torch.dtype, ...],
+                 casts: tuple[Any, ...], multi: type | None) -> None:
+        self.program, self.promote_to = program, promote_to
         self.out_dtypes, self.casts, self.multi = out_dtypes, casts, multi
         self.whole = self._whole()
 
@@ -73,19 +73,19 @@ def is_array(x: Any) -> bool:
     return hasattr(x, "shape") and hasattr(x, "dtype") and not isinstance(x, torch.Tensor)
 
 
-def make(fn: Callable[..., Any], program: Callable[..., Any], promote_to: Any, res: Any, out: Any) -> Plan | None:
+def make(program: Callable[..., Any], promote_to: Any, res: Any, out: Any) -> Plan | None:
     """The plan for repeating a general-path call whose program returned `res` and whose tensors are `out`;
     None when the result is not one array or a flat tuple (list) of arrays, each a tensor of `out`."""
     if is_array(res) and isinstance(out, torch.Tensor):
         want = dtypes.to_jax(out.dtype)
-        return Plan(fn, program, promote_to, (out.dtype,), (want if want != res.dtype else None,), None)
+        return Plan(program, promote_to, (out.dtype,), (want if want != res.dtype else None,), None)
     # a named tuple (torch.return_types, a decomposition's) is handed back as a plain tuple: the dispatcher
     # unpacks either alike
     if (isinstance(res, tuple | list) and isinstance(out, tuple | list) and res and len(res) == len(out)
             and all(is_array(r) for r in res) and all(isinstance(o, torch.Tensor) for o in out)):
         wants = [dtypes.to_jax(o.dtype) for o in out]
         casts = tuple(w if w != r.dtype else None for w, r in zip(wants, res, strict=True))
-        return Plan(fn, program, promote_to, tuple(o.dtype for o in out), casts,
+        return Plan(program, promote_to, tuple(o.dtype for o in out), casts,
                     tuple if isinstance(out, tuple) else list)
     return None
 
