@@ -219,7 +219,7 @@ def _run_graph(root: Node) -> None:
 
 def _run_nodes(root: Node, roots: list[Node]) -> bool:
     """Run the graph of `roots` as one program; False (nothing run) if a program of several roots failed."""
-    from hf_tpu import runtime
+    from hf_tpu import xla_options
 
     nodes = _graph(roots)
     pos = {id(n): i for i, n in enumerate(nodes)}
@@ -244,7 +244,7 @@ def _run_nodes(root: Node, roots: list[Node]) -> bool:
     prog = _programs.get(key)
     if prog is None:
         _stats["cache_misses"] += 1
-        prog = _programs[key] = runtime.jax().jit(_program(tuple(structure), outputs))
+        prog = _programs[key] = xla_options.jit(_program(tuple(structure), outputs))  # by size: xla_options.py
     else:
         _stats["cache_hits"] += 1
     try:

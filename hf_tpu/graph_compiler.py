@@ -14,7 +14,8 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
-from hf_tpu import backward_lowerings, counters, dtypes, float8, fused, lowering, op_registry, precision, rng
+from hf_tpu import (backward_lowerings, counters, dtypes, float8, fused, lowering, op_registry, precision, rng,
+                    xla_options)
 from hf_tpu import tensor as T
 from hf_tpu.op_registry import lowers
 from hf_tpu.torchax_compat import load_op_table
@@ -226,7 +227,8 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: list[Any], options: 
                 with precision.forced(prec):
                     return traced(*args)
 
-            jitted[prec] = jax.jit(with_precision, static_argnums=static)
+            # a whole graph: XLA's default optimisation, never the eager ops' fast compile (xla_options.py)
+            jitted[prec] = xla_options.jit_full(with_precision, static_argnums=static)
         return jitted[prec]
 
     def call(args: list[Any]) -> list[Any]:

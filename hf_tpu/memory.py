@@ -77,6 +77,13 @@ def hold(array: Any, shape: tuple[int, ...]) -> None:
     _release()
 
 
+def holders(array: Any) -> int:
+    """How many Buffers hold `array` now (0: none does). An array held by one Buffer alone may be donated to
+    a program that overwrites that Buffer (optim_lowerings.py): no other tensor reads it afterwards."""
+    entry = _live.get(id(array))
+    return entry[0] if entry is not None else 0
+
+
 def release(array: Any) -> None:
     """A Buffer let go of `array` (it died, or holds a new array now)."""
     if type(array) is not _array_type:

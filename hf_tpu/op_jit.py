@@ -114,7 +114,7 @@ class _OperandSlot:
 
 
 def _build(fn: Callable[..., Any], sk_args: tuple, sk_kwargs: tuple) -> Callable[..., Any]:
-    from hf_tpu import runtime
+    from hf_tpu import xla_options
 
     def fill(x: Any, it: Any) -> Any:
         if x is _Slot:
@@ -134,7 +134,7 @@ def _build(fn: Callable[..., Any], sk_args: tuple, sk_kwargs: tuple) -> Callable
         k = {name: fill(v, it) for name, v in sk_kwargs}
         return fn(*a, **k)
 
-    return runtime.jax().jit(program)
+    return xla_options.jit(program)  # fast compile, or XLA's defaults on large arrays
 
 
 @functools.cache

@@ -188,8 +188,35 @@ _INPLACE: dict[Any, tuple[Callable[..., Any], tuple[str, ...]]] = {
 
 
 @functools.cache
-def _program(fn: Callable[..., Any], statics: tuple[tuple[str, Any], ...]) -> Callable[..., Any]:
-    return _jax().jit(functools.partial(fn, **dict(statics)))
+def _program(fn: Callable[..., Any], statics: tuple[tuple[str, Any], ...],
+             donate: tuple[int, ...] = ()) -> Callable[..., Any]:
+    """The step's program; `donate`: the positional lists (parameters, states) whose arrays XLA may
+    overwrite with the results instead of allocating new ones."""
+    from hf_tpu import xla_options
+
+    # full optimisation at real size (xla_options.py)
+    return xla_options.jit(functools.partial(fn, **dict(statics)), donate_argnums=donate)
+
+
+def _donatable(args: tuple, lists: list[list[Any]], written: tuple[int, ...]) -> bool:
+    """Whether the arrays of the lists in `written` may be donated: each is its tensor's whole
+    buffer, held by that one Buffer (memory.holders: not shared with a copy, a `copy_` source, a deepcopy)
+    and listed once. Donating them lets XLA write the new parameters and moments over the old ones, so a
+    step needs no second copy of the parameters and optimizer state (GPT-2 124M: 1.5 GB less at the peak).
+    Not in fused eager mode: a pending graph may still read an old array."""
+    from hf_tpu import fused, memory
+    from hf_tpu import tensor as T
+
+    if fused.ACTIVE:
+        return False
+    seen: set[int] = set()
+    for i in written:
+        for t, a in zip(args[i], lists[i], strict=True):
+            p = T.payload(t)
+            if p.view is not None or p.buf._array is not a or memory.holders(a) != 1 or id(a) in seen:
+                return False
+            seen.add(id(a))
+    return True
 
 
 def _lists_written(op: Any) -> list[int]:
@@ -204,6 +231,9 @@ def eager_kernel(op: Any) -> Callable[..., None]:
     schema = op._schema.arguments
     written = _lists_written(op)
     positional = [a.name for a in schema if not a.kwarg_only]
+    # the parameters and states; not the gradients (often views of a backward op's result, and written back
+    # unchanged unless GradScaler's scale divides them)
+    donated = tuple(i for i in written if schema[i].name != "grads")
 
     def kernel(*args: Any, **kwargs: Any) -> None:
         lists = [[T.value(t) for t in ts] for ts in args[: len(positional)]]
@@ -215,7 +245,8 @@ def eager_kernel(op: Any) -> Callable[..., None]:
                 traced[name] = v  # a Python float: a traced argument of the program, not a constant in it
             elif v is not None:
                 statics.append((name, v))
-        outs = _program(fn, tuple(sorted(statics)))(*lists, **traced)
+        donate = donated if _donatable(args, lists, donated) else ()
+        outs = _program(fn, tuple(sorted(statics)), donate)(*lists, **traced)
         for i, new in zip(written, outs, strict=True):
             for t, a in zip(args[i], new, strict=True):
                 T.assign(t, a)

@@ -62,8 +62,11 @@ def shared_cache_dir() -> Path | None:
 # passes compiles take about half as long (a tiny Llama's first eager forward: 8-13 s -> 4.5-6.5 s; its
 # whole-graph compile: 4.5 s -> 1.6 s) and compute the same values (no fast-math either way); the code is
 # slower, which tiny programs barely notice. Only when JAX can reach no accelerator, never over a flag the
-# user set, and HF_TPU_XLA_FAST_COMPILE=0 turns it off.
+# user set, and HF_TPU_XLA_FAST_COMPILE=0 turns it off. Large programs are compiled with XLA's defaults
+# instead (per program: xla_options.py); FAST_COMPILE_MARK_ENV lists the flags hf-tpu added, so that a child
+# process inheriting XLA_FLAGS still tells them from a user's.
 FAST_COMPILE_FLAGS = ("--xla_cpu_use_fusion_emitters=false", "--xla_backend_optimization_level=0")
+FAST_COMPILE_MARK_ENV = "HF_TPU_FAST_COMPILE_FLAGS_ADDED"
 _ACCELERATOR_PLUGINS = ("jax_plugins", "jax_cuda12_plugin", "jax_cuda13_plugin", "jax_rocm60_plugin", "libtpu")
 
 
@@ -92,6 +95,14 @@ def add_fast_compile_flags() -> None:
     extra = [f for f in FAST_COMPILE_FLAGS if f.split("=")[0] not in flags]
     if extra:
         os.environ["XLA_FLAGS"] = " ".join([flags, *extra]).strip()
+        marked = os.environ.get(FAST_COMPILE_MARK_ENV, "").split()
+        os.environ[FAST_COMPILE_MARK_ENV] = " ".join(dict.fromkeys([*marked, *extra]))
+
+
+def fast_compile_flags_added() -> tuple[str, ...]:
+    """The FAST_COMPILE_FLAGS in XLA_FLAGS that hf-tpu put there (in this process or a parent)."""
+    flags = os.environ.get("XLA_FLAGS", "").split()
+    return tuple(f for f in os.environ.get(FAST_COMPILE_MARK_ENV, "").split() if f in flags and f in FAST_COMPILE_FLAGS)
 
 
 def _sync_cpu_dispatch() -> bool:

@@ -340,10 +340,9 @@ def _conform(new: Any, shape: tuple[int, ...], dtype: Any, frame: tuple[int, ...
     """new cast to dtype, broadcast to shape, reshaped to frame: one XLA call (three eager jnp ops were three)."""
     global _conform_program
     if _conform_program is None:
-        from hf_tpu import runtime
+        from hf_tpu import xla_options
 
-        jax = runtime.jax()
-        _conform_program = jax.jit(_conformed, static_argnums=(1, 2, 3))
+        _conform_program = xla_options.jit(_conformed, static_argnums=(1, 2, 3))
     return _conform_program(new, shape, dtype, frame)
 
 
@@ -462,7 +461,9 @@ def from_cpu(t: torch.Tensor, adopt: bool = False, index: int | None = None) -> 
     because on XLA:CPU device_put may alias the numpy buffer, which the CPU tensor could later change.
     `adopt=True` is for a buffer nobody else will touch (a tensor just read from a checkpoint): the array
     then shares its memory where XLA can (XLA:CPU, aligned data), and no copy is made. JAX arrays are
-    immutable and hf_tpu donates no buffers, so the shared memory is only ever read. `index`: the tpu
+    immutable, so the shared memory is only ever read: the one program that takes donated buffers (the fused
+    optimizer step, optim_lowerings.py) gets a new buffer from XLA:CPU for a donated array whose memory is
+    not XLA's own (checked: the host memory is left as it was). `index`: the tpu
     device to put it on (with several devices); None leaves it to JAX's default device, uncommitted, so that
     a program with arrays of another device takes it there (a CPU scalar operand)."""
     from hf_tpu import runtime

@@ -278,16 +278,16 @@ def write(array: Any, view: View, value: Any) -> Any:
 
 @functools.lru_cache(maxsize=4096)
 def read_program(view: View) -> Any:
-    from hf_tpu import runtime
+    from hf_tpu import xla_options
 
-    return runtime.jax().jit(lambda a: read(a, view))
+    return xla_options.jit(lambda a: read(a, view))
 
 
 @functools.lru_cache(maxsize=4096)
 def write_program(view: View) -> Any:
-    from hf_tpu import runtime
+    from hf_tpu import xla_options
 
-    return runtime.jax().jit(lambda a, v: write(a, view, v))
+    return xla_options.jit(lambda a, v: write(a, view, v))
 
 
 def fusable(view: View) -> bool:

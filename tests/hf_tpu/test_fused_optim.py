@@ -87,7 +87,8 @@ def _step_ops(n_layers: int, lrs: list[float]) -> tuple[list[str], int]:
 
 
 def _programs() -> list:
-    return [optim_lowerings._program(*k) for k in _program_keys()]
+    # each step's program, with its parameters and states donated or not (optim_lowerings._donatable)
+    return [optim_lowerings._program(*k, donate) for k in _program_keys() for donate in ((), (0, 2, 3, 4))]
 
 
 def _program_keys() -> list:
@@ -144,3 +145,46 @@ def test_grad_scaler_with_fused_adamw_as_on_cpu(highest) -> None:
     assert tpu_scales == cpu_scales
     for a, b in zip(tpu_params, cpu_params, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def _held_array(t: torch.Tensor):
+    from hf_tpu import tensor as T
+
+    return T.payload(t).buf.array
+
+
+def test_step_donates_parameters_and_states_held_by_one_tensor(highest) -> None:
+    """From the second step on, the step's program overwrites the old parameters and moments (donated to
+    XLA) instead of holding old and new at once; the values are still foreach's on CPU."""
+    model = copy.deepcopy(_model()).to("tpu")
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, fused=True)
+    for step in range(3):
+        model(torch.randn(4, 6, device="tpu")).pow(2).mean().backward()
+        p = next(model.parameters())
+        old_param = _held_array(p)
+        old_moment = _held_array(opt.state[p]["exp_avg"]) if step else None
+        opt.step()
+        opt.zero_grad()
+        if step:
+            assert old_param.is_deleted() and old_moment.is_deleted()
+    assert not _held_array(p).is_deleted()
+    assert torch.isfinite(p.detach().cpu()).all()
+
+
+def test_step_keeps_an_array_another_tensor_shares(highest) -> None:
+    """A tensor that took a parameter's value with `copy_` shares its array: the step must not donate it,
+    and the copy keeps the value from before the step (as on CPU)."""
+    for dev in ("cpu", "tpu"):
+        model = copy.deepcopy(_model()).to(dev)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2, fused=(dev == "tpu"), foreach=(dev == "cpu") or None)
+        p = next(model.parameters())
+        for _ in range(2):
+            torch.manual_seed(3)
+            model(torch.randn(4, 6).to(dev)).pow(2).mean().backward()
+            before = torch.empty_like(p)
+            before.copy_(p.detach())
+            want = p.detach().cpu().clone()
+            opt.step()
+            opt.zero_grad()
+            torch.testing.assert_close(before.cpu(), want, rtol=0, atol=0)
+            assert not torch.equal(p.detach().cpu(), want)

@@ -1,0 +1,78 @@
+"""How hard XLA optimises each program: fast compile for small programs, full optimisation for large ones.
+
+runtime.add_fast_compile_flags() puts FAST_COMPILE_FLAGS (LLVM's optimisation passes and XLA:CPU's fusion
+emitters off) in XLA_FLAGS, so they are every program's default: the stand-in compiles thousands of tiny
+eager programs, and for them compile time is nearly all the cost. On large arrays the code those flags give
+is many times slower (measured on this machine, one program each, XLA defaults vs fast compile: a GELU on
+512 x 3072 floats 0.9 vs 24 ms, a layer norm on 512 x 768 0.27 vs 3.7 ms, an add of two 512 x 768 0.21 vs
+0.62 ms; dots call the same library kernel either way), and compiling with XLA's defaults costs at most a
+few tens of milliseconds more. So the rule, per program:
+
+- torch.compile graphs (graph_compiler.py): always XLA's default optimisation (`full_options()`);
+- every other program (an eager op's, a decomposition's, a fused-mode graph's, the fused optimizer step's,
+  a view's read or write): compiled with XLA's defaults for calls where an array argument has at least
+  LARGE_ELEMENTS elements (HF_TPU_FULL_OPT_ELEMENTS, default 65,536: GPT-2's 64 x 768 activations and
+  every real weight; a tiny zoo model's activations stay below), with the fast-compile defaults otherwise.
+
+The overrides are XLA's own defaults for the flags hf-tpu itself added (never for a flag the user set in
+XLA_FLAGS), passed per compilation as JAX's `compiler_options`, so nothing changes where the fast-compile
+flags are off (HF_TPU_XLA_FAST_COMPILE=0, or an accelerator). Results are the same either way (neither
+setting enables fast-math). JAX's persistent cache keys each program by its compile options (and
+XLA_FLAGS), so a program cached under one setting is never served for the other; hf-tpu's graph cache holds
+ATen graphs, which are lowered and compiled again on load, so it needs no key of its own for this.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any
+
+from hf_tpu import runtime
+
+LARGE_ELEMENTS = int(os.environ.get("HF_TPU_FULL_OPT_ELEMENTS", str(1 << 16)))
+# XLA's defaults (DebugOptions) for the flags of runtime.FAST_COMPILE_FLAGS
+_XLA_DEFAULTS = {"xla_backend_optimization_level": 3, "xla_cpu_use_fusion_emitters": True}
+
+
+def full_options() -> dict[str, Any] | None:
+    """`compiler_options` undoing the fast-compile flags hf-tpu added (None when it added none)."""
+    added = runtime.fast_compile_flags_added()
+    opts = {name: value for name, value in _XLA_DEFAULTS.items() if any(f.startswith(f"--{name}=") for f in added)}
+    return opts or None
+
+
+def _large(args: tuple | list, limit: int) -> bool:
+    for a in args:
+        if type(a) is list or type(a) is tuple:
+            if _large(a, limit):
+                return True
+        elif getattr(a, "size", 0) >= limit:
+            return True
+    return False
+
+
+def jit_full(fn: Callable[..., Any], **jit_kwargs: Any) -> Any:
+    """jax.jit(fn) with XLA's default optimisation (a compiled graph)."""
+    return runtime.jax().jit(fn, compiler_options=full_options(), **jit_kwargs)
+
+
+def jit(fn: Callable[..., Any], **jit_kwargs: Any) -> Callable[..., Any]:
+    """jax.jit(fn), compiled with XLA's default optimisation for calls with an array of LARGE_ELEMENTS or more
+    among the positional arguments (or in a list of them: the optimizer's parameters) and with the
+    fast-compile defaults otherwise (the module's rule)."""
+    jax = runtime.jax()
+    fast = jax.jit(fn, **jit_kwargs)
+    opts = full_options()
+    if opts is None:
+        return fast
+    full = jax.jit(fn, compiler_options=opts, **jit_kwargs)
+    limit = LARGE_ELEMENTS
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        return (full if _large(args, limit) else fast)(*args, **kwargs)
+
+    call._cache_size = lambda: fast._cache_size() + full._cache_size()  # type: ignore[attr-defined]
+    call.fast, call.full = fast, full  # type: ignore[attr-defined]
+    return call
+

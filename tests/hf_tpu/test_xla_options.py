@@ -1,0 +1,91 @@
+"""Per-program compile options (hf_tpu/xla_options.py): small programs keep fast compile, large ones and
+compiled graphs get XLA's default optimisation; the user's XLA_FLAGS are never overridden; values unchanged."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from hf_tpu import op_jit, precision, runtime, xla_options
+
+pytestmark = pytest.mark.skipif(not runtime._cpu_only(), reason="the fast-compile flags are for XLA:CPU only")
+
+CODE = ("import json, torch; from hf_tpu import xla_options; (torch.ones(2, device='tpu') + 1).cpu(); "
+        "print(json.dumps(xla_options.full_options()))")
+
+
+def _full_options(**env: str) -> dict | None:
+    base = {k: v for k, v in os.environ.items()
+            if k not in ("XLA_FLAGS", "HF_TPU_XLA_FAST_COMPILE", "JAX_PLATFORMS", runtime.FAST_COMPILE_MARK_ENV)}
+    res = subprocess.run([sys.executable, "-c", CODE], env={**base, **env}, capture_output=True, text=True,
+                         timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+def test_full_options_undo_only_the_flags_hf_tpu_added():
+    both = {"xla_backend_optimization_level": 3, "xla_cpu_use_fusion_emitters": True}
+    assert _full_options() == both
+    # the user's own level stays: only the flag hf-tpu added is overridden
+    assert _full_options(XLA_FLAGS="--xla_backend_optimization_level=0") == {"xla_cpu_use_fusion_emitters": True}
+    assert _full_options(HF_TPU_XLA_FAST_COMPILE="0") is None
+    # a child process inherits XLA_FLAGS with hf-tpu's flags and the mark naming them: still hf-tpu's
+    inherited = " ".join(runtime.FAST_COMPILE_FLAGS)
+    assert _full_options(XLA_FLAGS=inherited, **{runtime.FAST_COMPILE_MARK_ENV: inherited}) == both
+    # the same flags set by a user (no mark) are the user's
+    assert _full_options(XLA_FLAGS=inherited) is None
+
+
+def _program_sizes() -> tuple[int, int]:
+    progs = [p for p in op_jit._programs.values() if hasattr(p, "full")]
+    return sum(p.fast._cache_size() for p in progs), sum(p.full._cache_size() for p in progs)
+
+
+def _need_fast_compile() -> None:
+    runtime.jax()  # the flags are added when JAX starts
+    if xla_options.full_options() is None:
+        pytest.skip("fast compile is off in this process")
+
+
+def test_large_eager_ops_compile_fully_small_ones_fast_and_agree_with_cpu(highest):
+    _need_fast_compile()
+    torch.manual_seed(0)
+    small = torch.randn(16, 64)
+    large = torch.randn(2 * xla_options.LARGE_ELEMENTS // 256, 256)
+    fast0, full0 = _program_sizes()
+    got_small = torch.nn.functional.gelu(small.to("tpu"), approximate="tanh").cpu()
+    fast1, full1 = _program_sizes()
+    assert fast1 > fast0 and full1 == full0
+    got_large = torch.nn.functional.gelu(large.to("tpu"), approximate="tanh").cpu()
+    fast2, full2 = _program_sizes()
+    assert full2 > full1 and fast2 == fast1
+    with precision.cpu_reference():
+        want_small = torch.nn.functional.gelu(small, approximate="tanh")
+        want_large = torch.nn.functional.gelu(large, approximate="tanh")
+    torch.testing.assert_close(got_small, want_small)
+    torch.testing.assert_close(got_large, want_large)
+
+
+def test_the_same_program_gives_the_same_values_fast_or_fully_optimised():
+    """The switch changes how XLA compiles, not what it computes: no fast-math either way."""
+    _need_fast_compile()
+    jax = runtime.jax()
+    jnp = jax.numpy
+
+    def f(x, w):
+        h = x @ w
+        mu = h.mean(-1, keepdims=True)
+        h = (h - mu) / jnp.sqrt(((h - mu) ** 2).mean(-1, keepdims=True) + 1e-5)
+        return jax.nn.gelu(h, approximate=True) + jnp.exp(-h) * jnp.tanh(h)
+
+    x = jax.random.normal(jax.random.key(0), (64, 256), jnp.float32)
+    w = jax.random.normal(jax.random.key(1), (256, 1024), jnp.float32)
+    routed = xla_options.jit(f)
+    fast = routed.fast(x, w)
+    full = routed.full(x, w)
+    assert routed.fast._cache_size() == 1 and routed.full._cache_size() == 1
+    torch.testing.assert_close(torch.from_numpy(jax.device_get(full).copy()),
+                               torch.from_numpy(jax.device_get(fast).copy()), rtol=1e-6, atol=1e-6)
