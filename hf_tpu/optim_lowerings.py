@@ -188,14 +188,21 @@ _INPLACE: dict[Any, tuple[Callable[..., Any], tuple[str, ...]]] = {
 
 
 @functools.cache
-def _program(fn: Callable[..., Any], statics: tuple[tuple[str, Any], ...],
-             donate: tuple[int, ...] = ()) -> Callable[..., Any]:
+def _program(fn: Callable[..., Any], statics: tuple[tuple[str, Any], ...], donate: tuple[int, ...] = (),
+             keep: tuple[int, ...] | None = None) -> Callable[..., Any]:
     """The step's program; `donate`: the positional lists (parameters, states) whose arrays XLA may
-    overwrite with the results instead of allocating new ones."""
+    overwrite with the results instead of allocating new ones; `keep`: which of fn's outputs it returns
+    (None: all)."""
     from hf_tpu import xla_options
 
     # full optimisation at real size (xla_options.py)
-    return xla_options.jit(functools.partial(fn, **dict(statics)), donate_argnums=donate)
+    return xla_options.jit(functools.partial(_selected, fn, keep, dict(statics)), donate_argnums=donate)
+
+
+def _selected(fn: Callable[..., Any], keep: tuple[int, ...] | None, statics: dict[str, Any], *lists: Any,
+              **traced: Any) -> tuple[Any, ...]:
+    outs = fn(*lists, **traced, **statics)
+    return outs if keep is None else tuple(outs[k] for k in keep)
 
 
 def _donatable(args: tuple, lists: list[list[Any]], written: tuple[int, ...]) -> bool:
@@ -234,6 +241,7 @@ def eager_kernel(op: Any) -> Callable[..., None]:
     # the parameters and states; not the gradients (often views of a backward op's result, and written back
     # unchanged unless GradScaler's scale divides them)
     donated = tuple(i for i in written if schema[i].name != "grads")
+    keep_unscaled = tuple(k for k, i in enumerate(written) if schema[i].name != "grads")
 
     def kernel(*args: Any, **kwargs: Any) -> None:
         lists = [[T.value(t) for t in ts] for ts in args[: len(positional)]]
@@ -246,8 +254,12 @@ def eager_kernel(op: Any) -> Callable[..., None]:
             elif v is not None:
                 statics.append((name, v))
         donate = donated if _donatable(args, lists, donated) else ()
-        outs = _program(fn, tuple(sorted(statics)), donate)(*lists, **traced)
-        for i, new in zip(written, outs, strict=True):
+        # the gradients come back changed only when GradScaler's scale divides them; otherwise they are not
+        # outputs at all: returned, they would take a donated buffer of their shape (JAX pairs donated inputs
+        # with outputs by shape, in order) and be copied into it, leaving a state list to allocate anew
+        keep = None if "grad_scale" in traced else keep_unscaled
+        outs = _program(fn, tuple(sorted(statics)), donate, keep)(*lists, **traced)
+        for i, new in zip(written if keep is None else [written[k] for k in keep], outs, strict=True):
             for t, a in zip(args[i], new, strict=True):
                 T.assign(t, a)
 

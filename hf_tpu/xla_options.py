@@ -42,14 +42,26 @@ def full_options() -> dict[str, Any] | None:
     return opts or None
 
 
-def _large(args: tuple | list, limit: int) -> bool:
+def _has_large(args: tuple | list, limit: int) -> bool:
     for a in args:
         if type(a) is list or type(a) is tuple:
-            if _large(a, limit):
+            if _has_large(a, limit):
                 return True
         elif getattr(a, "size", 0) >= limit:
             return True
     return False
+
+
+def _has_tracer(args: tuple | list, tracer: type) -> bool:
+    return any(_has_tracer(a, tracer) if type(a) is list or type(a) is tuple else isinstance(a, tracer)
+               for a in args)
+
+
+def _large(args: tuple, limit: int) -> bool:
+    """A call to compile fully: one with a large array, and not inside another program being traced (a
+    decomposition traced as one program calls its sub-ops' programs on tracers; JAX takes compile options
+    only at the top level, and the outer program's own options decide there)."""
+    return _has_large(args, limit) and not _has_tracer(args, runtime.jax().core.Tracer)
 
 
 def jit_full(fn: Callable[..., Any], **jit_kwargs: Any) -> Any:

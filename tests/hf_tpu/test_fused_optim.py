@@ -88,7 +88,7 @@ def _step_ops(n_layers: int, lrs: list[float]) -> tuple[list[str], int]:
 
 def _programs() -> list:
     # each step's program, with its parameters and states donated or not (optim_lowerings._donatable)
-    return [optim_lowerings._program(*k, donate) for k in _program_keys() for donate in ((), (0, 2, 3, 4))]
+    return [optim_lowerings._program(*k, donate, (0, 2, 3, 4)) for k in _program_keys() for donate in ((), (0, 2, 3, 4))]
 
 
 def _program_keys() -> list:

@@ -89,3 +89,27 @@ def test_the_same_program_gives_the_same_values_fast_or_fully_optimised():
     assert routed.fast._cache_size() == 1 and routed.full._cache_size() == 1
     torch.testing.assert_close(torch.from_numpy(jax.device_get(full).copy()),
                                torch.from_numpy(jax.device_get(fast).copy()), rtol=1e-6, atol=1e-6)
+
+
+def test_a_large_call_inside_a_traced_program_uses_the_outer_programs_options():
+    """Programs called on tracers (a decomposition traced as one program calls its sub-ops' programs) take
+    no compile options of their own: JAX accepts them only at the top level."""
+    _need_fast_compile()
+    jax = runtime.jax()
+    inner = xla_options.jit(lambda a: a * 2.0 + 1.0)
+    outer = xla_options.jit(lambda a: inner(a).sum())
+    x = jax.numpy.ones((2 * xla_options.LARGE_ELEMENTS,), jax.numpy.float32)
+    assert float(outer(x)) == 3.0 * x.size
+    assert outer.full._cache_size() == 1 and inner.full._cache_size() == 0
+
+
+def test_large_eager_ops_run_as_decompositions_agree_with_cpu(highest):
+    """native_dropout_backward runs as its decomposition traced as one program (decomposed.py): its sub-ops'
+    programs are called on tracers, with a large input too."""
+    torch.manual_seed(0)
+    grad = torch.randn(4, xla_options.LARGE_ELEMENTS // 2)
+    mask = torch.rand(grad.shape) > 0.5
+    got = torch.ops.aten.native_dropout_backward(grad.to("tpu"), mask.to("tpu"), 2.0).cpu()
+    with precision.cpu_reference():
+        want = torch.ops.aten.native_dropout_backward(grad, mask, 2.0)
+    torch.testing.assert_close(got, want)
