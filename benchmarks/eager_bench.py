@@ -1,6 +1,7 @@
 """Eager mode at real size: tpu against CPU eager, side by side in one run, each model in its own process.
 
   python benchmarks/eager_bench.py [--rounds 3] [--repeats 5] [--models gpt2,qwen3-wide,tiny-llama]
+                                   [--fused] [--compiled] [--train]
 
 For each model and round, one fresh process per device builds the model from its config (seeded, offline),
 moves it with `.to(device)`, and runs the forward (no grad, no cache) once to warm up and then `--repeats`
@@ -18,6 +19,13 @@ CPU do the same arithmetic. Targets (issue: the device at real size):
 With `--fused`, each model also runs in fused eager mode (TORCH_TPU_DEFER_AND_FUSE=1) and the ratios
 Strict/fused (steady state and first call) and fused/CPU are printed. Targets (issue: fused eager mode):
 fused at least 5x faster than Strict on the tiny Llama; GPT-2 124M fused no slower than CPU eager.
+
+With `--compiled`, each model also runs as `torch.compile(model, backend="tpu")` (its own processes, and a
+compiled forward in the paired process). With `--train`, each model (not the tiny Llama) also takes training
+steps (forward with labels, backward, AdamW(fused=True), bfloat16 autocast, batch 4 x 128) on CPU, tpu eager
+and tpu compiled, through finetune_step.py, `--rounds` processes each. The summary table at the end puts
+everything side by side against CPU eager. Targets (issue 31, default threads): inference eager <= 1.1x CPU
+time, compiled <= 0.9x; training step eager <= 1.2x, compiled <= 1.0x; peak RSS <= 1.1x.
 """
 
 from __future__ import annotations
@@ -55,7 +63,9 @@ cpu = getattr(transformers, cls_name)(getattr(transformers, cfg_name)(**kwargs))
 
 ONE_RUN = PRELUDE + r"""
 device, repeats = rest
-model = cpu.to(device)
+model = cpu.to(device.split("-")[0])
+if device == "tpu-compiled":
+    model = torch.compile(model, backend="tpu")
 ids = torch.randint(0, model.config.vocab_size, (1, seq)).to(device)
 times = []
 with torch.no_grad():
@@ -73,12 +83,13 @@ print(json.dumps({"first_s": times[0], "steady_s": statistics.median(times[2:]),
 # pair after pair: on a shared machine the load drifts over seconds, and a pair sees the same load, so the
 # median of per-pair ratios is steadier than a ratio of two processes' medians (which run at different times).
 PAIRED = PRELUDE + r"""
-repeats, fused = rest
+repeats, fused, compiled = rest
 import hf_tpu
 tpu = copy.deepcopy(cpu).to("tpu")
+comp = torch.compile(tpu, backend="tpu") if compiled else None
 ids = torch.randint(0, cpu.config.vocab_size, (1, seq))
 ids_t = ids.to("tpu")
-ratios, fratios = [], []
+ratios, fratios, cratios = [], [], []
 def fwd(m, x):
     t = time.perf_counter()
     m(x, use_cache=False).logits.cpu()
@@ -89,19 +100,25 @@ with torch.no_grad():
         if fused:
             with hf_tpu.defer_and_fuse():
                 f = fwd(tpu, ids_t)
+        if compiled:
+            k = fwd(comp, ids_t)
         if i >= 2:  # the first two: compiles and plans
             ratios.append(t / c)
             if fused:
                 fratios.append((t / f, f / c))
+            if compiled:
+                cratios.append(k / c)
 print(json.dumps({"tpu_cpu": statistics.median(ratios),
+                  "compiled_cpu": statistics.median(cratios) if compiled else None,
                   "strict_fused": statistics.median(r[0] for r in fratios) if fused else None,
                   "fused_cpu": statistics.median(r[1] for r in fratios) if fused else None}))
 """
 
 
-def run_paired(model: str, repeats: int, threads: int, fused: bool) -> dict[str, float]:
+def run_paired(model: str, repeats: int, threads: int, fused: bool, compiled: bool = False) -> dict[str, float]:
     cfg, cls, kwargs, seq = MODELS[model]
-    r = subprocess.run([sys.executable, "-c", PAIRED, json.dumps([cfg, cls, kwargs, seq, threads, repeats, fused])],
+    r = subprocess.run([sys.executable, "-c", PAIRED,
+                        json.dumps([cfg, cls, kwargs, seq, threads, repeats, fused, compiled])],
                        capture_output=True, text=True, env={**os.environ, "TORCH_TPU_DEFER_AND_FUSE": "0"})
     if r.returncode:
         raise SystemExit(f"{model} paired run failed:\n{r.stderr[-3000:]}")
@@ -109,11 +126,11 @@ def run_paired(model: str, repeats: int, threads: int, fused: bool) -> dict[str,
 
 
 def run_one(model: str, device: str, repeats: int, threads: int) -> dict[str, float]:
-    """device: cpu, tpu (Strict eager) or tpu-fused."""
+    """device: cpu, tpu (Strict eager), tpu-fused or tpu-compiled."""
     cfg, cls, kwargs, seq = MODELS[model]
     env = {**os.environ, "TORCH_TPU_DEFER_AND_FUSE": "1" if device == "tpu-fused" else "0"}
     r = subprocess.run([sys.executable, "-c", ONE_RUN,
-                        json.dumps([cfg, cls, kwargs, seq, threads, device.split("-")[0], repeats])],
+                        json.dumps([cfg, cls, kwargs, seq, threads, device, repeats])],
                        capture_output=True, text=True, env=env)
     if r.returncode:
         raise SystemExit(f"{model} on {device} failed:\n{r.stderr[-3000:]}")
@@ -131,18 +148,28 @@ def main() -> None:
     ap.add_argument("--models", default=",".join(MODELS))
     ap.add_argument("--ops", type=int, default=1000)
     ap.add_argument("--fused", action="store_true", help="also run fused eager mode")
+    ap.add_argument("--compiled", action="store_true", help="also run torch.compile(backend='tpu')")
+    ap.add_argument("--train", action="store_true", help="also time training steps (finetune_step.py)")
+    ap.add_argument("--train-steps", type=int, default=3)
     ap.add_argument("--threads", type=int, default=0,
                     help="torch.set_num_threads in every process (0: PyTorch's default). On a busy machine "
                          "CPU eager with spinning OpenMP threads can be many times slower than its quiet self")
     args = ap.parse_args()
+    # summary[(model, kind, mode)] = [(seconds, peak GB), ...] over rounds
+    summary: dict[tuple[str, str, str], list[tuple[float, float]]] = {}
     for model in args.models.split(","):
         t_ratio, m_ratio, cpu_s, tpu_s, cpu_gb, tpu_gb = [], [], [], [], [], []
         fused_rows: list[tuple[float, float, float, float]] = []
         paired: list[dict[str, float]] = []
         for _ in range(args.rounds):
-            paired.append(run_paired(model, max(args.repeats, 10), args.threads, args.fused))
+            paired.append(run_paired(model, max(args.repeats, 10), args.threads, args.fused, args.compiled))
             c = run_one(model, "cpu", args.repeats, args.threads)
             t = run_one(model, "tpu", args.repeats, args.threads)
+            summary.setdefault((model, "forward", "cpu"), []).append((c["steady_s"], c["peak_rss_gb"]))
+            summary.setdefault((model, "forward", "tpu"), []).append((t["steady_s"], t["peak_rss_gb"]))
+            if args.compiled:
+                k = run_one(model, "tpu-compiled", args.repeats, args.threads)
+                summary.setdefault((model, "forward", "tpu-compiled"), []).append((k["steady_s"], k["peak_rss_gb"]))
             cpu_s.append(c["steady_s"] * 1e3)
             tpu_s.append(t["steady_s"] * 1e3)
             cpu_gb.append(c["peak_rss_gb"])
@@ -151,12 +178,15 @@ def main() -> None:
             m_ratio.append(t["peak_rss_gb"] / c["peak_rss_gb"])
             if args.fused:
                 f = run_one(model, "tpu-fused", args.repeats, args.threads)
+                summary.setdefault((model, "forward", "tpu-fused"), []).append((f["steady_s"], f["peak_rss_gb"]))
                 fused_rows.append((t["steady_s"] / f["steady_s"], t["first_s"] / f["first_s"],
                                    f["steady_s"] / c["steady_s"], f["peak_rss_gb"] / t["peak_rss_gb"]))
         print(f"{model:11s} forward ms cpu {spread(cpu_s)}  tpu {spread(tpu_s)}  tpu/cpu {spread(t_ratio)}")
         print(f"{'':11s} paired     tpu/cpu {spread([p['tpu_cpu'] for p in paired])}" + (
               f"  strict/fused {spread([p['strict_fused'] for p in paired])}  fused/cpu "
-              f"{spread([p['fused_cpu'] for p in paired])}" if args.fused else "") + "  (alternating forwards, one process)")
+              f"{spread([p['fused_cpu'] for p in paired])}" if args.fused else "") + (
+              f"  compiled/cpu {spread([p['compiled_cpu'] for p in paired])}" if args.compiled else "")
+              + "  (alternating forwards, one process)")
         print(f"{'':11s} peak GB    cpu {spread(cpu_gb)}  tpu {spread(tpu_gb)}  tpu/cpu {spread(m_ratio)}",
               flush=True)
         if fused_rows:
@@ -165,10 +195,49 @@ def main() -> None:
                   f"{spread(list(cols[1]))}  fused/cpu {spread(list(cols[2]))}  peak fused/strict "
                   f"{spread(list(cols[3]))}", flush=True)
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    if args.train:
+        train(args, summary)
+    print_summary(summary)
     from device_bench import bench_dispatch
 
     per_op = [bench_dispatch(args.ops)["tpu"] for _ in range(args.rounds)]
     print(f"dispatch    {args.ops} x a + b on tpu, us per op: {spread(per_op)}  (target <= 57)")
+
+
+def train(args: argparse.Namespace, summary: dict) -> None:
+    """Training steps of each model through finetune_step.py's child, modes alternating round by round."""
+    import finetune_step
+
+    for model in args.models.split(","):
+        if model not in finetune_step.MODELS:
+            continue
+        targs = argparse.Namespace(batch=4, seq=128, warmup=2, steps=args.train_steps, tiny=False, model=model)
+        for _ in range(args.rounds):
+            for mode in ("cpu", "tpu", "tpu-compiled"):
+                r = finetune_step.run_one(mode, targs)
+                if r is not None:
+                    summary.setdefault((model, "train step", mode), []).append((r["median_s"], r["peak_rss_gb"]))
+                    print(f"{model:11s} train step {mode:12s} {r['median_s']:.3f} s (spread in process "
+                          f"{r['min_s']:.3f}-{r['max_s']:.3f}), peak {r['peak_rss_gb']:.2f} GB", flush=True)
+
+
+def print_summary(summary: dict) -> None:
+    """One table: every model, kind and mode against CPU eager (medians over rounds, min-max spread)."""
+    if not summary:
+        return
+    print("\n| model | run | mode | time ms (median, min-max) | vs CPU | peak RSS GB | vs CPU |")
+    print("|---|---|---|---|---|---|---|")
+    for (model, kind, mode), rows in summary.items():
+        base = summary.get((model, kind, "cpu"))
+        secs = [s * 1e3 for s, _ in rows]
+        gbs = [g for _, g in rows]
+        vt = vm = "-"
+        if base and mode != "cpu":
+            bt = statistics.median(s for s, _ in base) * 1e3
+            bm = statistics.median(g for _, g in base)
+            vt, vm = f"{statistics.median(secs) / bt:.2f}x", f"{statistics.median(gbs) / bm:.2f}x"
+        print(f"| {model} | {kind} | {mode} | {statistics.median(secs):.0f} ({min(secs):.0f}-{max(secs):.0f}) | {vt} "
+              f"| {statistics.median(gbs):.2f} ({min(gbs):.2f}-{max(gbs):.2f}) | {vm} |", flush=True)
 
 
 if __name__ == "__main__":

@@ -1,10 +1,10 @@
 """A fine-tuning step at GPT-2 size on tpu (eager and compiled) against CPU eager, side by side in one run.
 
   python benchmarks/finetune_step.py [--steps 5] [--warmup 2] [--rounds 1] [--modes cpu,tpu,tpu-compiled]
-                                     [--batch 4] [--seq 128] [--tiny]
+                                     [--batch 4] [--seq 128] [--tiny] [--model gpt2]
 
-Each (mode, round) runs in a fresh process: GPT-2 124M built from its default config (seeded, offline) on CPU
-and moved to the device, AdamW(fused=True), and a training step under `torch.autocast(device, bfloat16)`:
+Each (mode, round) runs in a fresh process: GPT-2 124M built from its default config (or `--model qwen3-wide`:
+eager_bench.py's Qwen3-0.6B-wide 2-layer model; seeded, offline, dropout off) on CPU and moved to the device, AdamW(fused=True), and a training step under `torch.autocast(device, bfloat16)`:
 forward with labels, backward, optimizer step, zero_grad, the loss read back (`.item()`, so the step is
 finished when the clock stops). After `--warmup` steps (the compiled mode traces and compiles its forward and
 backward programs there, and the fused AdamW program compiles on the first step), `--steps` steps are timed:
@@ -28,14 +28,17 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 CHILD = r"""
 import json, resource, statistics, sys, time
 import torch, transformers
-mode, batch, seq, warmup, steps, tiny = json.loads(sys.argv[1])
+mode, batch, seq, warmup, steps, tiny, (cfg_name, cls_name, cfg_kwargs) = json.loads(sys.argv[1])
 torch.set_float32_matmul_precision("highest")
 transformers.utils.logging.set_verbosity_error()
 device = "cpu" if mode == "cpu" else "tpu"
-kwargs = dict(n_layer=2, n_embd=64, n_head=4, vocab_size=1000, n_positions=seq) if tiny else {}
+kwargs = dict(n_layer=2, n_embd=64, n_head=4, vocab_size=1000, n_positions=seq) if tiny else cfg_kwargs
 torch.manual_seed(0)
-config = transformers.GPT2Config(**kwargs, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
-model = transformers.GPT2LMHeadModel(config).to(device).train()
+config = getattr(transformers, cfg_name)(**kwargs)
+for name in ("resid_pdrop", "embd_pdrop", "attn_pdrop", "attention_dropout"):  # dropout off: CPU's losses
+    if hasattr(config, name):
+        setattr(config, name, 0.0)
+model = getattr(transformers, cls_name)(config).to(device).train()
 opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
 fwd = torch.compile(model, backend="tpu") if mode == "tpu-compiled" else model
 ids = torch.randint(0, config.vocab_size, (batch, seq)).to(device)
@@ -57,10 +60,21 @@ print(json.dumps({"mode": mode, "first_s": times[0], "median_s": statistics.medi
 """
 
 
+MODELS = {
+    "gpt2": ("GPT2Config", "GPT2LMHeadModel", {}),
+    # eager_bench.py's Qwen3-0.6B-wide 2-layer model
+    "qwen3-wide": ("Qwen3Config", "Qwen3ForCausalLM", dict(
+        hidden_size=1024, intermediate_size=3072, num_attention_heads=16, num_key_value_heads=8, head_dim=128,
+        vocab_size=151936, tie_word_embeddings=True, num_hidden_layers=2)),
+}
+
+
 def run_one(mode: str, args: argparse.Namespace) -> dict | None:
     """The child's figures, or None when it failed (reported, and the other modes still run: on a shared
-    machine a mode can be killed for memory another process holds)."""
-    payload = json.dumps([mode, args.batch, args.seq, args.warmup, args.steps, args.tiny])
+    machine a mode can be killed for memory another process holds). `args`: batch, seq, warmup, steps,
+    tiny, model."""
+    payload = json.dumps([mode, args.batch, args.seq, args.warmup, args.steps, args.tiny,
+                          MODELS["gpt2" if args.tiny else getattr(args, "model", "gpt2")]])
     proc = subprocess.run([sys.executable, "-c", CHILD, payload], capture_output=True, text=True,
                           env={**os.environ, "TRANSFORMERS_VERBOSITY": "error"})
     if proc.returncode != 0:
@@ -81,6 +95,7 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--seq", type=int, default=128)
     ap.add_argument("--tiny", action="store_true")
+    ap.add_argument("--model", default="gpt2", choices=sorted(MODELS))
     args = ap.parse_args()
     modes = args.modes.split(",")
     results: dict[str, list[dict]] = {m: [] for m in modes}
@@ -96,7 +111,7 @@ def main() -> None:
     modes = [m for m in modes if results[m]]
     if not modes:
         sys.exit("every mode failed")
-    size = "tiny GPT-2" if args.tiny else "GPT-2"
+    size = "tiny GPT-2" if args.tiny else args.model
     params = results[modes[0]][0]["params_m"]
     print(f"\nFine-tuning step, {size} ({params:.1f}M params), batch {args.batch} x {args.seq}, AdamW(fused=True), "
           f"bfloat16 autocast; {args.warmup} warm-up + {args.steps} timed steps per process, {args.rounds} "
