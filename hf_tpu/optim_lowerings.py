@@ -209,7 +209,8 @@ def _donatable(args: tuple, lists: list[list[Any]], written: tuple[int, ...]) ->
     """Whether the arrays of the lists in `written` may be donated: each is its tensor's whole
     buffer, held by that one Buffer (memory.holders: not shared with a copy, a `copy_` source, a deepcopy)
     and listed once. Donating them lets XLA write the new parameters and moments over the old ones, so a
-    step needs no second copy of the parameters and optimizer state (GPT-2 124M: 1.5 GB less at the peak).
+    step needs no second copy of the parameters and optimizer state (a GPT-2 124M training step's peak RSS:
+    4.8 -> 3.8 GB).
     Not in fused eager mode: a pending graph may still read an old array."""
     from hf_tpu import fused, memory
     from hf_tpu import tensor as T
