@@ -63,10 +63,11 @@ cpu = getattr(transformers, cls_name)(getattr(transformers, cfg_name)(**kwargs))
 
 ONE_RUN = PRELUDE + r"""
 device, repeats = rest
-model = cpu.to(device.split("-")[0])
+dev = device.split("-")[0]  # tpu-fused, tpu-compiled: the tpu
+model = cpu.to(dev)
+ids = torch.randint(0, model.config.vocab_size, (1, seq)).to(dev)
 if device == "tpu-compiled":
     model = torch.compile(model, backend="tpu")
-ids = torch.randint(0, model.config.vocab_size, (1, seq)).to(device)
 times = []
 with torch.no_grad():
     for i in range(repeats + 2):
