@@ -2,9 +2,9 @@
 
 A TPU host has several chips, and multi-chip programs (`device_map="auto"`, DDP with `tpu:rank`) need
 `tpu:1` to exist before they can be tried. `HF_TPU_NUM_DEVICES=N` (else torch_tpu's own per-host count,
-TORCH_TPU_DEVICES_PER_HOST; default 1) gives `tpu:0..N-1`. Each is one of N JAX CPU devices, which XLA
-makes when `--xla_force_host_platform_device_count=N` is in XLA_FLAGS as its CPU backend starts
-(add_xla_flag, called by runtime.jax() before that). The device's arrays live on that JAX device, so a
+TORCH_TPU_DEVICES_PER_HOST; else torchrun's LOCAL_WORLD_SIZE; default 1) gives `tpu:0..N-1`. Each is one
+of N JAX CPU devices, which XLA makes when `--xla_force_host_platform_device_count=N` is in XLA_FLAGS as
+its CPU backend starts (add_xla_flag, called by runtime.jax() before that). The device's arrays live on that JAX device, so a
 copy between devices is a real transfer, and XLA refuses a program mixing them as a chip would.
 
 With one device (the default) nothing of this costs anything per op: `MULTI` is False and every device
@@ -20,6 +20,7 @@ from typing import Any
 ENV = "HF_TPU_NUM_DEVICES"
 TORCH_TPU_ENV = "TORCH_TPU_DEVICES_PER_HOST"  # torch_tpu's variable for a host's devices (its launcher's)
 XLA_COUNT_FLAG = "--xla_force_host_platform_device_count"
+LOCAL_WORLD_SIZE_ENV = "LOCAL_WORLD_SIZE"  # torchrun's processes on this host
 
 
 def _read_count() -> tuple[int, str | None]:
@@ -37,6 +38,11 @@ def _read_count() -> tuple[int, str | None]:
             raise ValueError(f"{name}={n}: a process needs at least one tpu device; set it to 1 or more, or "
                              "unset it for one device")
         return n, name
+    # Under torchrun (or any launcher setting LOCAL_WORLD_SIZE) each rank uses tpu:LOCAL_RANK, as on a CUDA
+    # host every rank sees all the host's GPUs: one device per local rank unless a variable above says.
+    local = os.environ.get(LOCAL_WORLD_SIZE_ENV, "")
+    if local.strip().isdigit() and int(local) > 1:
+        return int(local), LOCAL_WORLD_SIZE_ENV
     return 1, None
 
 

@@ -125,6 +125,10 @@ class TpuProcessGroup(dist.ProcessGroup):
 
     alltoall_base = all_to_all_single
 
+    def alltoall(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None) -> dist.Work:
+        """`dist.all_to_all` (the list form), which calls the group's own `alltoall`."""
+        return self._run("alltoall", (outputs, inputs, opts or dist.AllToAllOptions()), outputs)
+
     def send(self, tensors: list[torch.Tensor], dst: int, tag: int = 0) -> dist.Work:
         return self._run("send", (tensors, dst, tag), [])
 

@@ -18,7 +18,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _run(code_or_file: str | Path, timeout: int = 600, **env: str) -> subprocess.CompletedProcess:
-    full = {k: v for k, v in os.environ.items() if k not in ("HF_TPU_NUM_DEVICES", "TORCH_TPU_DEVICES_PER_HOST")}
+    full = {k: v for k, v in os.environ.items()
+            if k not in ("HF_TPU_NUM_DEVICES", "TORCH_TPU_DEVICES_PER_HOST", "LOCAL_WORLD_SIZE")}
     full.update(env, PYTHONPATH=str(ROOT) + os.pathsep + full.get("PYTHONPATH", ""), HF_HUB_OFFLINE="1")
     cmd = [sys.executable, str(code_or_file)] if isinstance(code_or_file, Path) else [sys.executable, "-c", code_or_file]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=full)
@@ -87,3 +88,9 @@ def test_torch_tpu_devices_per_host_is_honoured() -> None:
     # HF_TPU_NUM_DEVICES wins over torch_tpu's variable
     r = _run("import torch; print(torch.tpu.device_count())", TORCH_TPU_DEVICES_PER_HOST="3", HF_TPU_NUM_DEVICES="1")
     assert r.stdout.split() == ["1"], r.stderr[-2000:]
+
+
+def test_torchrun_local_world_size_gives_a_device_per_local_rank() -> None:
+    # each torchrun rank then has tpu:LOCAL_RANK, as each rank on a CUDA host sees every GPU
+    r = _run(USE, LOCAL_WORLD_SIZE="2")
+    assert r.stdout.split() == ["2", "tpu:1"], r.stderr[-2000:]

@@ -1,0 +1,89 @@
+"""Run under `torchrun --nproc_per_node=2` by test_distributed.py: `distributed_child.py tpu|cpu ddp|collectives`.
+
+ddp: DDP trains a tiny Llama 3 steps, each rank on tpu:LOCAL_RANK with backend="tpu_dist" (or on CPU with
+gloo, the reference); prints the losses and a weight checksum. collectives: all_reduce,
+all_gather_into_tensor, reduce_scatter_tensor, broadcast, all_to_all and all_to_all_single on tensors of
+tpu:LOCAL_RANK (or CPU), printing their results. One JSON line per rank."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+
+
+def _setup(kind: str) -> torch.device:
+    if kind == "tpu":
+        import hf_tpu
+
+        hf_tpu.set_matmul_precision("highest")
+        local = int(os.environ["LOCAL_RANK"])
+        torch.tpu.set_device(local)  # tpu:LOCAL_RANK exists: one tpu device per local rank under torchrun
+        dist.init_process_group("tpu_dist")
+        return torch.device("tpu", local)
+    dist.init_process_group("gloo")
+    return torch.device("cpu")
+
+
+def ddp(device: torch.device) -> dict:
+    import transformers
+    from _hf_tiny import llama
+
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(llama()).to(device)
+    wrapped = torch.nn.parallel.DistributedDataParallel(model)
+    opt = torch.optim.AdamW(wrapped.parameters(), lr=1e-2)
+    g = torch.Generator().manual_seed(100 + dist.get_rank())  # each rank its own data
+    losses = []
+    for _ in range(3):
+        ids = torch.randint(3, 99, (2, 8), generator=g).to(device)
+        loss = wrapped(input_ids=ids, labels=ids).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+    return {"devices": sorted({str(p.device) for p in model.parameters()}), "losses": losses,
+            "weights": [p.detach().double().sum().item() for p in model.parameters()]}
+
+
+def collectives(device: torch.device) -> dict:
+    rank, world = dist.get_rank(), dist.get_world_size()
+    base = torch.arange(4 * world, dtype=torch.float32) + 10 * rank  # differs per rank
+    out: dict = {}
+
+    x = base.clone().to(device)
+    dist.all_reduce(x)
+    out["all_reduce"] = [str(x.device), x.cpu().tolist()]
+
+    gathered = torch.empty(world * base.numel(), device=device)
+    dist.all_gather_into_tensor(gathered, base.to(device))
+    out["all_gather_into_tensor"] = [str(gathered.device), gathered.cpu().tolist()]
+
+    part = torch.empty(base.numel() // world, device=device)
+    dist.reduce_scatter_tensor(part, base.to(device))
+    out["reduce_scatter_tensor"] = [str(part.device), part.cpu().tolist()]
+
+    b = base.clone().to(device)
+    dist.broadcast(b, src=1)
+    out["broadcast"] = [str(b.device), b.cpu().tolist()]
+
+    single = torch.empty_like(base, device=device)
+    dist.all_to_all_single(single, base.to(device))
+    out["all_to_all_single"] = [str(single.device), single.cpu().tolist()]
+
+    ins = [c.to(device) for c in base.chunk(world)]
+    outs = [torch.empty_like(c) for c in ins]
+    dist.all_to_all(outs, ins)
+    out["all_to_all"] = [str(outs[0].device), [o.cpu().tolist() for o in outs]]
+    return out
+
+
+if __name__ == "__main__":
+    kind, what = sys.argv[1], sys.argv[2]
+    device = _setup(kind)
+    result = {"rank": dist.get_rank(), **(ddp(device) if what == "ddp" else collectives(device))}
+    print("RESULT " + json.dumps(result), flush=True)
+    dist.destroy_process_group()

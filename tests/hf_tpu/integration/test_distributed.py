@@ -1,0 +1,49 @@
+"""`torchrun --nproc_per_node=2` with backend="tpu_dist", each rank on its own tpu:LOCAL_RANK (torchrun's
+LOCAL_WORLD_SIZE gives each process one tpu device per local rank, hf_tpu/devices.py), against the same
+script on CPU with gloo (distributed_child.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[2]
+
+
+def _torchrun(kind: str, what: str) -> list[dict]:
+    env = {k: v for k, v in os.environ.items() if k not in ("HF_TPU_NUM_DEVICES", "TORCH_TPU_DEVICES_PER_HOST")}
+    env.update(HF_HUB_OFFLINE="1", PYTHONPATH=os.pathsep.join([str(ROOT), str(HERE), env.get("PYTHONPATH", "")]))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
+           f"--master_port={random.randint(20000, 40000)}", str(HERE / "distributed_child.py"), kind, what]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env)
+    rows = [json.loads(x.split("RESULT ", 1)[1]) for x in r.stdout.splitlines() if "RESULT " in x]
+    assert r.returncode == 0 and len(rows) == 2, f"{r.stdout[-3000:]}\n{r.stderr[-5000:]}"
+    return sorted(rows, key=lambda row: row["rank"])
+
+
+@pytest.mark.slow
+def test_collectives_on_tpu_tensors_match_gloo_on_cpu() -> None:
+    cpu, tpu = _torchrun("cpu", "collectives"), _torchrun("tpu", "collectives")
+    for rank, (c, t) in enumerate(zip(cpu, tpu, strict=True)):
+        for name in ("all_reduce", "all_gather_into_tensor", "reduce_scatter_tensor", "broadcast",
+                     "all_to_all_single", "all_to_all"):
+            assert t[name][0] == f"tpu:{rank}", (name, t[name])  # results stay on the rank's device
+            assert t[name][1] == c[name][1], (name, rank)
+
+
+@pytest.mark.slow
+def test_ddp_trains_a_tiny_llama_as_gloo_on_cpu() -> None:
+    cpu, tpu = _torchrun("cpu", "ddp"), _torchrun("tpu", "ddp")
+    for rank, (c, t) in enumerate(zip(cpu, tpu, strict=True)):
+        assert t["devices"] == [f"tpu:{rank}"]
+        assert max(abs(a - b) for a, b in zip(c["losses"], t["losses"], strict=True)) < 1e-5
+        assert max(abs(a - b) for a, b in zip(c["weights"], t["weights"], strict=True)) < 1e-4
+    # DDP kept the replicas equal
+    assert tpu[0]["weights"] == tpu[1]["weights"]
