@@ -13,6 +13,7 @@ Prints one JSON line per process and a table.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import subprocess
@@ -25,7 +26,7 @@ from typing import Any
 STEPS = 3
 
 
-def measure(entry_id: str, mode: str, zoo: str) -> dict[str, Any]:
+def measure(entry_id: str, mode: str, zoo: str, draws_mode: bool = True) -> dict[str, Any]:
     """One (entry, mode) in this process: seconds per stage of each step, and the compile breakdown of step 1."""
     import jax
     import torch
@@ -60,7 +61,10 @@ def measure(entry_id: str, mode: str, zoo: str) -> dict[str, Any]:
     for k in range(STEPS):
         stage: dict[str, float] = {}
         clock = time.process_time  # CPU seconds of every thread (XLA compiles on its own threads)
-        with torch.enable_grad(), backend_phase(), draws.shared_draws(0):
+        # the sweep's shared_draws is a TorchFunctionMode, and the graph cache (compile_cache/cached.py) takes
+        # the ordinary compile path under any such mode: --no-draws measures what the cache would save
+        shared = draws.shared_draws(0) if draws_mode else contextlib.nullcontext()
+        with torch.enable_grad(), backend_phase(), shared:
             w, t = time.perf_counter(), clock()
             opt.zero_grad(set_to_none=True)
             loss = train.scalar_loss(fn(model, inputs))
@@ -103,7 +107,9 @@ def drive(args: argparse.Namespace) -> int:
         for entry_id in ids:
             for mode in args.modes.split(","):
                 t = time.perf_counter()
-                p = subprocess.run([sys.executable, __file__, "--one", entry_id, "--mode", mode, "--zoo", args.zoo],
+                extra = ["--no-draws"] if args.no_draws else []
+                p = subprocess.run([sys.executable, __file__, "--one", entry_id, "--mode", mode, "--zoo", args.zoo,
+                                    *extra],
                                    env=env, capture_output=True, text=True)
                 wall = time.perf_counter() - t
                 line = next((ln for ln in reversed(p.stdout.splitlines()) if ln.startswith("{")), None)
@@ -131,11 +137,13 @@ def main() -> int:
     p.add_argument("--modes", default="eager,compiled")
     p.add_argument("--cache", default=None, help="compile cache directory (HF_TPU_CACHE_DIR) for every run")
     p.add_argument("--runs", type=int, default=2, help="runs per (entry, mode); the first on an empty --cache is cold")
+    p.add_argument("--no-draws", action="store_true",
+                   help="without the sweep's shared_draws mode (whose TorchFunctionMode keeps the graph cache off)")
     p.add_argument("--one", default=None, help=argparse.SUPPRESS)
     p.add_argument("--mode", default="eager", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.one:
-        print(json.dumps(measure(args.one, args.mode, args.zoo)))
+        print(json.dumps(measure(args.one, args.mode, args.zoo, not args.no_draws)))
         return 0
     if not args.cache:
         p.error("--cache DIR is needed (an empty directory gives a cold first run)")
