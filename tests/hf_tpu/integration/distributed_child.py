@@ -1,9 +1,10 @@
-"""Run under `torchrun --nproc_per_node=2` by test_distributed.py: `distributed_child.py tpu|cpu ddp|collectives`.
+"""Run under `torchrun --nproc_per_node=2` by test_distributed.py: `distributed_child.py tpu|cpu ddp|tp|collectives`.
 
 ddp: DDP trains a tiny Llama 3 steps, each rank on tpu:LOCAL_RANK with backend="tpu_dist" (or on CPU with
 gloo, the reference); prints the losses and a weight checksum. collectives: all_reduce,
 all_gather_into_tensor, reduce_scatter_tensor, broadcast, all_to_all and all_to_all_single on tensors of
-tpu:LOCAL_RANK (or CPU), printing their results. One JSON line per rank."""
+tpu:LOCAL_RANK (or CPU), printing their results. tp: DTensor tensor parallelism of the MLPs (below). One
+JSON line per rank."""
 
 from __future__ import annotations
 
@@ -49,6 +50,37 @@ def ddp(device: torch.device) -> dict:
             "weights": [p.detach().double().sum().item() for p in model.parameters()]}
 
 
+def tensor_parallel(device: torch.device) -> dict:
+    """DTensor tensor parallelism: each decoder layer's MLP split colwise (gate, up) and rowwise (down) over
+    the two ranks; every rank sees the same data, so the losses are the unsplit model's. AdamW without
+    foreach: the other parameters stay plain tensors, and PyTorch's foreach kernels refuse a list mixing
+    them with DTensors (tpu, like CUDA, is a foreach device; CPU is not, so it never takes that path)."""
+    import transformers
+    from _hf_tiny import llama
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    mesh = init_device_mesh(device.type, (dist.get_world_size(),))
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(llama()).to(device)
+    for layer in model.model.layers:
+        parallelize_module(layer.mlp, mesh, {"gate_proj": ColwiseParallel(), "up_proj": ColwiseParallel(),
+                                             "down_proj": RowwiseParallel()})
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, foreach=False)
+    g = torch.Generator().manual_seed(100)  # the same data on every rank
+    losses = []
+    for _ in range(3):
+        ids = torch.randint(3, 99, (2, 8), generator=g).to(device)
+        loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+    shard = model.model.layers[0].mlp.gate_proj.weight
+    return {"losses": losses, "shard": [type(shard).__name__, str(shard.to_local().device),
+                                        list(shard.to_local().shape)]}
+
+
 def collectives(device: torch.device) -> dict:
     rank, world = dist.get_rank(), dist.get_world_size()
     base = torch.arange(4 * world, dtype=torch.float32) + 10 * rank  # differs per rank
@@ -84,6 +116,7 @@ def collectives(device: torch.device) -> dict:
 if __name__ == "__main__":
     kind, what = sys.argv[1], sys.argv[2]
     device = _setup(kind)
-    result = {"rank": dist.get_rank(), **(ddp(device) if what == "ddp" else collectives(device))}
+    run = {"ddp": ddp, "tp": tensor_parallel, "collectives": collectives}[what]
+    result = {"rank": dist.get_rank(), **run(device)}
     print("RESULT " + json.dumps(result), flush=True)
     dist.destroy_process_group()
