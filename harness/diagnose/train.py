@@ -306,3 +306,23 @@ def diagnose_train_entry(entry: Any, mode: str = "eager", out_dir: str | Path | 
         return _finish(d, time.perf_counter(), Path(out_dir) if out_dir else None)
     return diagnose_train_built(built, entry, mode, out_dir=out_dir, rebuild=lambda: entry.build(seed=seed).model,
                                 **kw)
+
+
+def diagnose_train_row(entry: Any, built: Any, mode: str, opts: Any, overrides: numerics.Overrides | None) -> dict:
+    """For `hf-tpu sweep --diagnose`: a failing train row's located_module (the first diverging gradient's
+    parameter), located_op and repro_path; fused rows are diagnosed as eager (their ops are the same). Never
+    raises: a diagnosis error is reported in located_module."""
+    from harness.diagnose.core import safe_dirname
+
+    out = Path(opts.out) / "diagnose" / (safe_dirname(entry.id, mode) + "-train")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        d = diagnose_train_built(built, entry, "compiled" if mode == "compiled" else "eager", out_dir=out,
+                                 precision=opts.precision, dtype=opts.dtype, seed=opts.seed, overrides=overrides,
+                                 rebuild=lambda: entry.build(seed=opts.seed).model)
+    except Exception as exc:  # noqa: BLE001
+        return {"located_module": f"<diagnose error: {type(exc).__name__}: {first_line(exc)[:80]}>"}
+    fields = d.row_fields()
+    if d.status in ("pass", "not_available", "baseline_fail"):
+        fields["located_module"] = fields["located_module"] or f"<diagnose: {d.status}>"
+    return {k: v for k, v in fields.items() if v}  # keep the row's own located_module when diagnose has none

@@ -154,11 +154,12 @@ def run_entry(entry, modes: tuple[str, ...], opts: SweepOptions, device: Device,
                                                              rebuild)})
     if "train" in phases:
         run_train_phase(entry, built, modes, opts, device, tol, dtype if low_precision else None, rebuild, emit,
-                        skip_reference)
+                        skip_reference, overrides)
 
 
 def run_train_phase(entry, built, modes: tuple[str, ...], opts: SweepOptions, device: Device,
-                    tol: numerics.Tolerance, dtype, rebuild: Callable, emit: Emit, skip_reference: bool) -> None:
+                    tol: numerics.Tolerance, dtype, rebuild: Callable, emit: Emit, skip_reference: bool,
+                    overrides: numerics.Overrides | None = None) -> None:
     """The train rows (harness/sweep/train.py): CPU baseline and float64 reference steps, then each mode."""
     import torch
 
@@ -199,6 +200,11 @@ def run_train_phase(entry, built, modes: tuple[str, ...], opts: SweepOptions, de
         row = {**base[mode], "reference": errors.normalise(reference),
                **train.run_train(mode, built, entry, ref, fp64, opts, device, tol, dtype, rebuild, _eager_mode,
                                  null)}
+        if getattr(opts, "diagnose", False) and opts.device == "tpu" and row.get("status") in DIAGNOSED:
+            emit("phase", f"train-{mode}")  # a fresh --timeout budget for the diagnosis
+            from harness.diagnose.train import diagnose_train_row
+
+            row.update(diagnose_train_row(entry, built, mode, opts, overrides))
         emit("row", row)
         if row.get("status") in control.CONTROLLED:
             emit("phase", "control")

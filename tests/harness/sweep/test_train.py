@@ -8,10 +8,11 @@ from harness.sweep.options import SweepOptions
 from harness.sweep.runner import run_entry
 
 
-def _train_rows(kind, tmp_path, modes=("eager",)):
+def _train_rows(kind, tmp_path, modes=("eager",), diagnose=False):
     (entry,) = testzoo.parse_spec(f"test:{kind}")
     opts = SweepOptions(zoo=f"test:{kind}", device="tpu", out=str(tmp_path / "run"), run_id="t", timeout=300,
-                        memory_cap_gb=4, progress="none", repeats=1, precision="highest", phases=("train",))
+                        memory_cap_gb=4, progress="none", repeats=1, precision="highest", phases=("train",),
+                        diagnose=diagnose)
     events = []
     run_entry(entry, modes, opts, get_device("tpu"), lambda k, p: events.append((k, p)))
     assert all(p["phase"] == "train" for k, p in events if k == "row")  # no inference rows asked for
@@ -62,6 +63,12 @@ def test_wrong_backward_lowering_is_fail_accuracy_naming_the_parameter(tmp_path)
     assert row["located_module"] == "fc1.weight"  # the first parameter (model order) whose gradient is wrong
     assert "first diverging gradient: fc1.weight" in row["error_message"]
     assert "loss.step1" not in row["error_message"]  # the forward was right
+    assert not row.get("located_op")  # without --diagnose the row names no op
+    # --diagnose: the backward op, and the parameter nearest the loss (backward order), with a repro
+    with hooks.override_lowerings(replace):
+        row = _train_rows("pass", tmp_path / "d", diagnose=True)["eager"]
+    assert (row["located_module"], row["located_op"]) == ("fc2.weight", "aten::mm.default"), row
+    assert row["repro_path"].endswith("repro.py")
 
 
 def test_optimizer_step_that_raises_is_attributed_to_the_optimizer(tmp_path, monkeypatch):
