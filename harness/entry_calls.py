@@ -93,7 +93,7 @@ def to_cpu(tensors: dict) -> dict:
 # its denoiser, not the Python `__call__` with its scheduler loop, CPU generator and numpy post-processing,
 # which users do not compile and Dynamo does not trace as one graph (it failed on the CPU timestep reaching
 # UNet2D's time embedding: "Tensor device mismatch").
-DENOISERS = ("unet", "transformer", "prior", "decoder")
+DENOISERS = model_dtype.DENOISERS  # one list: float8 storage casts the same components
 
 
 def compile_call(call: Callable, model: Any, backend: Any) -> Callable:
