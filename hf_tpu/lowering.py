@@ -16,8 +16,8 @@ from typing import Any
 
 import torch
 
-# lowering_ops, optim_lowerings and float8 register their hand lowerings (op_registry) when imported
-from hf_tpu import dtypes, float8, lowering_ops, op_registry, optim_lowerings, precision  # noqa: F401
+# lowering_ops, optim_lowerings, float8 and random_ops register their hand lowerings (op_registry) when imported
+from hf_tpu import dtypes, float8, lowering_ops, op_registry, optim_lowerings, precision, random_ops  # noqa: F401
 from hf_tpu.errors import NoLowering, op_name  # noqa: F401 - re-exported: callers name lowering.NoLowering
 from hf_tpu.lowering_parity import OPMATH, opmath
 from hf_tpu.op_registry import lowers
@@ -350,6 +350,8 @@ def _adapt_kwargs(fn: Callable[..., Any], op: Any) -> Callable[..., Any] | None:
 @functools.cache
 def is_random(op: Any) -> bool:
     """Draws random numbers (its JAX key must advance on every call, so it is never cached as a program)."""
+    if op in random_ops.RANDOM:
+        return True
     lowerings, _ = load_op_table()
     entry = lowerings.get(op) or lowerings.get(getattr(op, "overloadpacket", None))
     return bool(entry is not None and entry.needs_env)

@@ -39,6 +39,8 @@ FLAGS: dict[str, str] = {
     "float8_as_is": "float8 operands passed as they are, not widened to float32 (eager_functional.py)",
     "per_op_kernel": "a PrivateUse1 kernel of its own, registered with the device (device.py)",
     "keep_composite": "its composite kernel keeps running for tpu: it moves data between devices (device.py)",
+    "random": "draws random numbers with a key from rng.ENV: never cached as a program with the key baked in "
+              "(random_ops.py)",
 }
 
 
