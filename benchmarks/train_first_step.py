@@ -61,8 +61,8 @@ def measure(entry_id: str, mode: str, zoo: str, draws_mode: bool = True) -> dict
     for k in range(STEPS):
         stage: dict[str, float] = {}
         clock = time.process_time  # CPU seconds of every thread (XLA compiles on its own threads)
-        # the sweep's shared_draws is a TorchFunctionMode, and the graph cache (compile_cache/cached.py) takes
-        # the ordinary compile path under any such mode: --no-draws measures what the cache would save
+        # the sweep's shared_draws is a TorchFunctionMode; the graph cache (compile_cache/cached.py) serves
+        # graphs that draw nothing under it (it declares itself draws-only): --no-draws measures without it
         shared = draws.shared_draws(0) if draws_mode else contextlib.nullcontext()
         with torch.enable_grad(), backend_phase(), shared:
             w, t = time.perf_counter(), clock()
@@ -138,7 +138,7 @@ def main() -> int:
     p.add_argument("--cache", default=None, help="compile cache directory (HF_TPU_CACHE_DIR) for every run")
     p.add_argument("--runs", type=int, default=2, help="runs per (entry, mode); the first on an empty --cache is cold")
     p.add_argument("--no-draws", action="store_true",
-                   help="without the sweep's shared_draws mode (whose TorchFunctionMode keeps the graph cache off)")
+                   help="without the sweep's shared_draws mode (a TorchFunctionMode the graph cache serves under)")
     p.add_argument("--one", default=None, help=argparse.SUPPRESS)
     p.add_argument("--mode", default="eager", help=argparse.SUPPRESS)
     args = p.parse_args()

@@ -11,7 +11,8 @@ float64 reference and every tpu mode see the same numbers.
 A TorchFunctionMode sees the Python-level calls (`torch.randn(..., device="tpu")`, `x.normal_()`,
 `F.dropout(training=True)`). The draw itself runs under `torch._dynamo.disable`, so under torch.compile the
 graph breaks at a draw and the drawn tensor is fed into the next graph as an input (Dynamo cannot put a CPU
-generator into a graph; a draw inside the graph would come from the backend's generator again).
+generator into a graph; a draw inside the graph would come from the backend's generator again). The mode
+declares itself draws-only, so the graph cache still serves compiled calls that draw nothing.
 
 The one exception: a model whose results depend on the generator's algorithm itself (none in the zoo so far;
 docs/numerics.md keeps the list).
@@ -53,6 +54,11 @@ def _to_cpu32(x):
 
 class SharedDraws(TorchFunctionMode):
     """Counts the draws it served by function name (`drew`)."""
+
+    # It changes random draws only: hf_tpu's graph cache still serves a compiled graph that draws nothing
+    # under it (hf_tpu/compile_cache/cached.py, DRAWS_ONLY), and compiles one that draws the ordinary way,
+    # with the mode serving its draws.
+    hf_tpu_draws_only = True
 
     def __init__(self, seed: int) -> None:
         super().__init__()

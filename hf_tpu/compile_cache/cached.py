@@ -10,11 +10,13 @@ that cannot be done (a graph break, an unsaveable global or guard) the call take
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import logging
 import os
 import weakref
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -45,6 +47,39 @@ def _call_module(module: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
 
 
 _ORDINARY = object()  # "this call takes the ordinary torch.compile path"
+
+# A TorchFunctionMode whose attribute of this name is true declares that it changes only random draws (the ops
+# tagged nondeterministic_seeded: torch.randn, Tensor.normal_, F.dropout in training, ...) and passes every
+# other call through unchanged, as the sweep's shared_draws (harness/sweep/draws.py) does. Under such modes
+# (and no other) the cache still serves graphs that draw nothing; those entries have keys of their own.
+DRAWS_ONLY = "hf_tpu_draws_only"
+
+
+class RandomDraws(Exception):
+    """A graph compiled under a draws-only mode draws random numbers itself: not for the cache."""
+
+
+def draws_only_modes() -> bool:
+    """Every active torch-function mode declares DRAWS_ONLY (and at least one is active)."""
+    from torch.overrides import _get_current_function_mode_stack
+
+    modes = _get_current_function_mode_stack()
+    return bool(modes) and all(getattr(m, DRAWS_ONLY, False) is True for m in modes)
+
+
+@contextlib.contextmanager
+def _modes_set_aside() -> Iterator[None]:
+    """The torch-function mode stack emptied for the block, and put back as it was."""
+    from torch.overrides import _pop_mode, _push_mode
+
+    popped = []
+    while torch._C._len_torch_function_stack() > 0:
+        popped.append(_pop_mode())
+    try:
+        yield
+    finally:
+        for mode in reversed(popped):
+            _push_mode(mode)
 
 
 def _modules(full: tuple[Any, ...]) -> list[Any]:
@@ -89,25 +124,39 @@ class CachedCall:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if torch.compiler.is_compiling():  # inside an outer compile: let Dynamo trace the ordinary callable
             return self.fallback(*args, **kwargs)
+        draws_only = False
         if torch._C._is_torch_function_mode_enabled():
-            # A torch-function mode is active, e.g. the DeviceContext that torch.set_default_device leaves on
-            # the stack even when set back to cpu. The mode is neither in the key nor in the saved guards, and
-            # the ahead-of-time compile under it gave GPT-2's static-cache decode step a graph specialised to
-            # other cache shapes (Transformers' test_generate_with_static_cache after
-            # test_can_load_with_global_device_set). The ordinary torch.compile path handles modes.
-            return self.fallback(*args, **kwargs)
-        full = self.prefix + args
+            if not draws_only_modes():
+                # A torch-function mode is active, e.g. the DeviceContext that torch.set_default_device leaves
+                # on the stack even when set back to cpu. The mode is neither in the key nor in the saved guards,
+                # and the ahead-of-time compile under it gave GPT-2's static-cache decode step a graph
+                # specialised to other cache shapes (Transformers' test_generate_with_static_cache after
+                # test_can_load_with_global_device_set). The ordinary torch.compile path handles modes.
+                return self.fallback(*args, **kwargs)
+            draws_only = True
         if _marked_dynamic(args, kwargs):
             # torch._dynamo.mark_dynamic: bounded dynamism (hf_tpu/bounded.py) on the ordinary path; as in
             # TorchTPU, graphs with dynamic sizes are not serialized
             return self.fallback(*args, **kwargs)
-        sig = _signature(full, kwargs)
+        # Modes that only replace random draws (DRAWS_ONLY) are set aside while a saved graph is looked up,
+        # compiled and run: a graph that draws nothing computes under them what it computes without them, and
+        # one that draws is refused (_compile), so the mode still serves its draws on the ordinary path.
+        with _modes_set_aside() if draws_only else contextlib.nullcontext():
+            out = self._cached(args, kwargs, draws_only)
+        if out is _ORDINARY:
+            return self.fallback(*args, **kwargs)
+        return out
+
+    def _cached(self, args: tuple[Any, ...], kwargs: dict[str, Any], draws_only: bool) -> Any:
+        """The call's result through the cache, or _ORDINARY when it takes the ordinary compile path."""
+        full = self.prefix + args
+        sig = (draws_only, *_signature(full, kwargs))
         compiled = self._fast(full, kwargs, sig)
         if compiled is None:
-            compiled = self._lookup(full, kwargs)
+            compiled = self._lookup(full, kwargs, draws_only)
             self._last = ([weakref.ref(m) for m in _modules(full)], sig, compiled)
         if compiled is _ORDINARY:
-            return self.fallback(*args, **kwargs)
+            return _ORDINARY
         if id(compiled) in _ran:
             return compiled.fn(*full, **kwargs)
         try:
@@ -126,7 +175,7 @@ class CachedCall:
                     store.mark_unsaveable(root, key, reason)
             store.bump("", "unsaveable")
             self._last = ([weakref.ref(m) for m in _modules(full)], sig, _ORDINARY)
-            return self.fallback(*args, **kwargs)
+            return _ORDINARY
         _ran.add(id(compiled))
         return out
 
@@ -139,14 +188,16 @@ class CachedCall:
             return None
         if compiled is _ORDINARY:  # same modules and argument shapes as a call that took the ordinary path
             return compiled if sig == last_sig else None
+        if sig[0] != last_sig[0]:  # with a draws-only mode or without: entries of different keys
+            return None
         if compiled.guard_check(*full, **kwargs):
             store.bump("memory", "hits")
             return compiled
         return None
 
-    def _lookup(self, full: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    def _lookup(self, full: tuple[Any, ...], kwargs: dict[str, Any], draws_only: bool = False) -> Any:
         try:
-            key, _ = keys.call_key(self.fn, full, kwargs)
+            key, _ = keys.call_key(self.fn, full, kwargs, modes=DRAWS_ONLY if draws_only else "")
         except Exception as exc:  # noqa: BLE001 - no key, no cache: the ordinary path
             log.debug("hf_tpu compile cache: no key (%s)", exc)
             return _ORDINARY
@@ -194,13 +245,20 @@ class CachedCall:
             _memory[key] = compiled
             self._keys[id(compiled)] = key
             return compiled
-        return self._compile(key, full, kwargs, fn_globals)
+        return self._compile(key, full, kwargs, fn_globals, draws_only)
 
-    def _compile(self, key: str, full: tuple[Any, ...], kwargs: dict[str, Any], fn_globals: dict[str, Any]) -> Any:
+    def _compile(self, key: str, full: tuple[Any, ...], kwargs: dict[str, Any], fn_globals: dict[str, Any],
+                 draws_only: bool = False) -> Any:
         from hf_tpu.compile_cache import serializable
 
         try:
-            compiled = serializable.aot_compile(self.fn, full, kwargs)
+            with serializable.recording_seeded_ops() as seeded:
+                compiled = serializable.aot_compile(self.fn, full, kwargs)
+            if draws_only and seeded:
+                # compiled with the draws-only mode set aside, the graph draws from the backend's generator:
+                # the mode must serve those draws, so the call goes the ordinary way, the mode active
+                raise RandomDraws(f"the graph draws random numbers ({', '.join(sorted(set(seeded))[:4])}) "
+                                  f"that a {DRAWS_ONLY} mode replaces")
         except Exception as exc:  # noqa: BLE001 - graph break, unsaveable guard: the ordinary path
             reason = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
             log.info("hf_tpu compile cache: %s takes the ordinary compile path (%s)", key, reason)

@@ -157,8 +157,10 @@ def describe(x: Any, depth: int = 0) -> Any:
     return out
 
 
-def call_key(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[str, dict[str, Any]]:
-    """(hex key, the description it hashes) for compiling `fn(*args, **kwargs)` now."""
+def call_key(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any], modes: str = "") -> tuple[str, dict[str, Any]]:
+    """(hex key, the description it hashes) for compiling `fn(*args, **kwargs)` now. `modes`: the kind of
+    torch-function modes active around the call (cached.DRAWS_ONLY, or "" for none): entries saved under
+    such modes hold only graphs that draw nothing, and serve only calls under them."""
     from hf_tpu import precision
 
     desc = {
@@ -171,5 +173,7 @@ def call_key(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[st
         "grad": torch.is_grad_enabled(),
         "default_dtype": str(torch.get_default_dtype()),
     }
+    if modes:
+        desc["modes"] = modes
     text = json.dumps(desc, sort_keys=True, default=repr)
     return hashlib.sha256(text.encode()).hexdigest()[:32], desc

@@ -11,9 +11,10 @@ VllmSerializableFunction does the same for Inductor).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -133,9 +134,32 @@ class _TensorRecord:
         return torch.empty_strided(self.shape, self.stride, dtype=self.dtype, device="meta")
 
 
+_seeded_records: list[list[str]] = []  # open recording_seeded_ops blocks, innermost last
+
+
+@contextlib.contextmanager
+def recording_seeded_ops() -> Iterator[list[str]]:
+    """The names of the random ops (tagged nondeterministic_seeded) in the ATen graphs compiled within the
+    block: a graph cached under a draws-only mode must draw nothing itself (cached.DRAWS_ONLY)."""
+    seen: list[str] = []
+    _seeded_records.append(seen)
+    try:
+        yield seen
+    finally:
+        _seeded_records.remove(seen)
+
+
+def seeded_ops(gm: torch.fx.GraphModule) -> list[str]:
+    """The graph's random ops: those whose result depends on a generator's state."""
+    return [str(n.target) for n in gm.graph.nodes if n.op == "call_function"
+            and isinstance(n.target, torch._ops.OpOverload) and torch.Tag.nondeterministic_seeded in n.target.tags]
+
+
 def _make_output_code(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> TpuOutputCode:
     from hf_tpu import graph_compiler
 
+    if _seeded_records:
+        _seeded_records[-1].extend(seeded_ops(gm))
     code = TpuOutputCode(gm=gm)
     code._run = graph_compiler.compile_graph(gm, list(example_inputs))
     return code
