@@ -98,9 +98,12 @@ def where_label(table: pd.DataFrame) -> pd.Series:
     return performance.where(table)
 
 
-def compare(run: Run, expected: Expected, scope: frozenset[str] | None = None) -> Comparison:
+def compare(run: Run, expected: Expected, scope: frozenset[str] | None = None,
+            phases: frozenset[str] | None = None) -> Comparison:
     """Classify every (entry, phase, mode) in the union of the run and the expected results; with `scope`
-    (the entry ids the run selected, harness.ci.scope), only the expected entries in it."""
+    (the entry ids the run selected, harness.ci.scope), only the expected entries in it; with `phases` (the
+    phases the run selected, scope.run_phases), only the expected rows of those phases: a train-only run owes
+    no inference row. Without `phases`, the default phases and those the run swept are owed."""
     rows: dict[tuple[str, str, str], dict] = {}
     df = run.df.copy()
     df["phase"] = df["phase"].where(df["phase"] != "", "inference") if "phase" in df.columns else "inference"
@@ -112,7 +115,8 @@ def compare(run: Run, expected: Expected, scope: frozenset[str] | None = None) -
     keys = set(actual.index) | {
         k for k in expected.status
         if (k[2] in schema.DEFAULT_MODES or k[2] in swept_modes)
-        and (k[1] in schema.DEFAULT_PHASES or k[1] in swept_phases) and (scope is None or k[0] in scope)
+        and (k[1] in phases if phases is not None else k[1] in schema.DEFAULT_PHASES or k[1] in swept_phases)
+        and (scope is None or k[0] in scope)
     }
     for key in keys:
         entry_id, phase, mode = key

@@ -5,11 +5,12 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from harness import schema
 from harness.ci import expected as exp_mod
 from harness.ci.cli_common import guarded
 from harness.ci.compare import CLASSES, Comparison, where_label, compare, write_comparison
 from harness.ci.runs import load_run
-from harness.ci.scope import run_scope
+from harness.ci.scope import run_phases, run_scope
 
 _STYLE = {"FAIL": "bold red", "MISSING": "red", "IMPROVED": "cyan", "NEW": "cyan", "FLAKY": "magenta", "PASS": "green"}
 SHOW_LIMIT = 60  # differences printed to the terminal; the full list is in comparison.csv/md
@@ -76,7 +77,11 @@ def run(args: argparse.Namespace) -> int:
         if scope is not None:
             print(f"compare: the run selected {len(scope.entry_ids)} entries ({scope.description}); expected "
                   f"entries outside them are not compared (--whole-zoo to compare all)")
-        comp = compare(r, e, scope=None if scope is None else scope.entry_ids)
+        phases = run_phases(r.path)
+        if phases is not None and set(phases) != set(schema.DEFAULT_PHASES):
+            print(f"compare: the run selected the phase(s) {', '.join(sorted(phases))}; expected rows of other "
+                  f"phases are not compared")
+        comp = compare(r, e, scope=None if scope is None else scope.entry_ids, phases=phases)
         _print(comp, r.name, Path(args.expected))
         if not args.no_write:
             csv_path, md_path = write_comparison(comp, r, Path(args.expected))

@@ -70,3 +70,16 @@ def run_scope(run_dir: str | Path) -> Scope | None:
                       f"entry", stacklevel=2)
         return None
     return Scope(entry_ids=frozenset(ids), description=_selection_label(sel, shards))
+
+
+def run_phases(run_dir: str | Path) -> frozenset[str] | None:
+    """The phases the run selected (run.json's `selection.phases`; a merge records the union of its runs'),
+    or None when it does not say (an older run): compare then owes the default phases and those swept."""
+    try:
+        sel = json.loads((Path(run_dir) / RUN_META).read_text()).get("selection")
+    except (OSError, ValueError):
+        return None
+    phases = sel.get("phases") if isinstance(sel, dict) else None
+    if not isinstance(phases, list) or not phases or not all(isinstance(p, str) for p in phases):
+        return None
+    return frozenset(phases)

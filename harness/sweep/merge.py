@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from harness.schema import KEY, VOLATILE
+from harness.schema import KEY, PHASES, VOLATILE
 from harness.sweep import outputs
 from harness.sweep.results import ResultStore, load_run_rows, to_frame, utc_now
 
@@ -60,10 +60,20 @@ def merge_runs(run_dirs: list[str | Path], out: str | Path, later_wins: bool = F
     shards = sorted(tuple(m.get("selection", {}).get("shard", [1, 1])) for m in metas)
     meta = {"run_id": out.name, "merged_from": [str(d) for d in run_dirs], "shards": shards, "finished": utc_now(),
             "later_wins": later_wins,
-            "selection": {k: v for k, v in (metas[0].get("selection") or {}).items() if k != "shard"},
+            "selection": _merged_selection(metas),
             "headline": {k: v for k, v in outputs.headline(df).items() if k not in ("statuses", "excluded")}}
     n = {s[1] for s in shards}
     if len(n) == 1 and sorted(s[0] for s in shards) != list(range(1, n.pop() + 1)):
         meta["warning"] = f"shards {shards} do not cover 1..N exactly"
     (out / "run.json").write_text(json.dumps(meta, indent=2, sort_keys=True))
     return df, paths
+
+
+def _merged_selection(metas: list[dict]) -> dict:
+    """The first run's selection without its shard, with the phases of every run (an inference run merged with
+    a train run selected both: `hf-tpu compare` owes the rows of each)."""
+    sel = {k: v for k, v in (metas[0].get("selection") or {}).items() if k != "shard"}
+    phases = {p for m in metas for p in ((m.get("selection") or {}).get("phases") or [])}
+    if phases:
+        sel["phases"] = [p for p in PHASES if p in phases] + sorted(phases - set(PHASES))
+    return sel

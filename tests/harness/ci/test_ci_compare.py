@@ -323,3 +323,54 @@ def test_the_train_phase_has_its_own_expected_files_compared_only_in_runs_that_t
     (exp / "flaky.csv").write_text("name,mode,reason,phase\nm/a,eager,optimizer nondeterminism,train\n")
     main(["compare", str(run), "--expected", str(exp)])
     assert classes(run)[("m/a", "train", "eager")] == "FLAKY"
+
+
+def test_a_train_only_run_owes_no_inference_rows(tmp_path: Path) -> None:
+    """compare holds a run to the phases its run.json selected: a train-only run (the full zoo's train phase
+    run apart) is not MISSING its inference rows, and still owes every train row."""
+    import json
+
+    both = [row(e, phase=ph, mode=m) for e in ("m/a", "m/b") for ph in ("inference", "train")
+            for m in ("eager", "compiled")]
+    exp = tmp_path / "expected"
+    assert main(["accept", str(write_run(tmp_path / "base", both)), "--expected", str(exp)]) == 0
+
+    def run(name: str, rows: list[dict], phases: list[str] | None) -> Path:
+        d = write_run(tmp_path / name, rows)
+        if phases is not None:
+            (d / "run.json").write_text(json.dumps({"selection": {"phases": phases}}))
+        return d
+
+    def classes(d: Path) -> dict[tuple[str, str, str], str]:
+        df = pd.read_csv(d / "comparison.csv", dtype=str, keep_default_na=False)
+        return {(r["entry_id"], r["phase"], r["mode"]): r["class"] for _, r in df.iterrows()}
+
+    train_rows = [r for r in both if r["phase"] == "train"]
+    train = run("train", train_rows, ["train"])
+    assert main(["compare", str(train), "--expected", str(exp)]) == 0
+    assert set(classes(train).values()) == {"PASS"} and {k[1] for k in classes(train)} == {"train"}
+    # a train row it lost is still MISSING
+    lost = run("lost", train_rows[1:], ["train"])
+    assert main(["compare", str(lost), "--expected", str(exp)]) == 1
+    assert classes(lost)[("m/a", "train", "eager")] == "MISSING"
+    assert {k[1] for k in classes(lost)} == {"train"}
+    # a run that selected both phases and lost its inference rows fails, as does one that does not say
+    for name, phases in (("both", ["inference", "train"]), ("unsaid", None)):
+        d = run(name, train_rows, phases)
+        assert main(["compare", str(d), "--expected", str(exp)]) == 1
+        assert classes(d)[("m/a", "inference", "eager")] == "MISSING"
+
+
+def test_a_merge_selects_the_phases_of_all_its_runs(tmp_path: Path) -> None:
+    import json
+
+    from harness.sweep.merge import merge_runs
+
+    dirs = []
+    for ph in ("inference", "train"):
+        d = write_run(tmp_path / ph, [row("m/a", phase=ph, mode="eager")])
+        (d / "run.json").write_text(json.dumps({"selection": {"zoo": "test", "phases": [ph], "shard": [1, 1]}}))
+        dirs.append(d)
+    merge_runs(dirs, tmp_path / "merged")
+    meta = json.loads((tmp_path / "merged" / "run.json").read_text())
+    assert meta["selection"]["phases"] == ["inference", "train"]
