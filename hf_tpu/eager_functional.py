@@ -17,7 +17,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 from hf_tpu import (backward_lowerings, decomposed, devices, dtypes, float8, fused, lowering, op_jit, op_registry,
-                    plans, precision)
+                    plans, precision, program_bound, runtime)
 from hf_tpu import tensor as T
 from hf_tpu.errors import TpuOpError
 from hf_tpu.op_dtypes import integral_promotion, leaves, map_args, meta_dtypes, wrap_outputs
@@ -124,6 +124,8 @@ def _decomposed(op: Any, find: Callable[[Any], Any]) -> Callable[..., Any] | Non
 # ----------------------------------------------------------------------------------------------- run
 def run_functional(op: Any, args: tuple, kwargs: dict) -> Any:
     """`op` on tpu tensors: a plan made by an earlier call with the same signature, or the general path."""
+    if program_bound.due:  # enough executables compiled since the last look: bound the live ones (a safe point)
+        program_bound.check(runtime.jax())
     key, arrays = plans.signature(op, args, kwargs)
     if key is not None:
         # not checked against eager_lowering(op): a lowering changes at run time only through

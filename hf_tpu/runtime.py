@@ -139,6 +139,9 @@ def jax() -> Any:
     from hf_tpu import counters
 
     counters.install_cache_listener(_jax)  # compile_stats()["tiers"]["xla"], eager per-op programs included
+    from hf_tpu import program_bound
+
+    program_bound.install_listener(_jax)  # bounds the executables alive at once (vm.max_map_count)
     return _jax
 
 
