@@ -6,20 +6,17 @@ import os
 
 def _step_in_for_torch_tpu() -> None:
     """torch_tpu is installed but no TPU chip is attached. Its own autoload entry point
-    (`torch_tpu._loader:load`), called by torch after ours, would either kill `import torch` (no libtpu:
-    TPU_LIBRARY_PATH unset) or register a `tpu` with no device behind it, colliding with ours. A no-op
-    loader in its place lets hf-tpu serve `tpu`. (When torch happens to call torch_tpu's entry point
-    before ours, this cannot help: entry points run in the order the installed packages are found.)"""
+    (`torch_tpu._loader:load`), if torch calls it after ours, would register a `tpu` with no device behind
+    it, colliding with ours: a no-op loader in its place lets hf-tpu serve `tpu`. (When torch calls torch_tpu's
+    entry point first, only the start-up guard, _hf_tpu_guard.py, run by hf_tpu_guard.pth before torch,
+    can help: torch_tpu's loader aborts the process.)"""
     import importlib.util
-    import sys
-    import types
 
-    if "torch_tpu._loader" in sys.modules or importlib.util.find_spec("torch_tpu") is None:
+    if importlib.util.find_spec("torch_tpu") is None:
         return
-    stub = types.ModuleType("torch_tpu._loader", "hf-tpu's stand-in for torch_tpu's loader on a host without chips")
-    stub.load = lambda: None  # type: ignore[attr-defined]
-    stub.__hf_tpu_stand_in__ = True  # type: ignore[attr-defined]
-    sys.modules["torch_tpu._loader"] = stub
+    from _hf_tpu_guard import install_stand_in_loader
+
+    install_stand_in_loader()
 
 
 def autoload() -> None:

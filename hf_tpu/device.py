@@ -10,6 +10,9 @@ from typing import Any
 
 import torch
 
+# Chip detection lives in the start-up guard (standard library only, run before torch: _hf_tpu_guard.py), so
+# that the guard and this module can never disagree about whether a chip is attached.
+from _hf_tpu_guard import GOOGLE_PCI_VENDOR, tpu_chips_present  # noqa: F401 - re-exported
 from hf_tpu import op_registry
 from hf_tpu.no_dynamo import never_traced_by_dynamo as _never_traced_by_dynamo
 
@@ -167,33 +170,6 @@ PER_OP_KERNELS = op_registry.mark("per_op_kernel", (
     _aten._neg_view.default,  # composite: it would set the negative bit (dispatch._conj says why not)
 ))
 _aten_lib: torch.library.Library | None = None
-
-
-GOOGLE_PCI_VENDOR = "0x1ae0"
-
-
-def tpu_chips_present(sys_pci: str = "/sys/bus/pci/devices", dev: str = "/dev") -> bool:
-    """Whether a TPU chip is attached, detected as torch_tpu detects it: a PCI device of Google's vendor id
-    (0x1ae0) exposed to user space through VFIO (its IOMMU group under /dev/vfio) or through the kernel's
-    accel driver (an accel node under the device). Any other VFIO or accel device is not a TPU."""
-    try:
-        devices = os.listdir(sys_pci)
-    except OSError:
-        return False
-    for name in devices:
-        path = os.path.join(sys_pci, name)
-        try:
-            with open(os.path.join(path, "vendor")) as f:
-                if f.read().strip() != GOOGLE_PCI_VENDOR:
-                    continue
-        except OSError:
-            continue
-        group = os.path.join(path, "iommu_group")
-        if os.path.islink(group) and os.path.exists(os.path.join(dev, "vfio", os.path.basename(os.readlink(group)))):
-            return True
-        if os.path.isdir(os.path.join(path, "accel")):
-            return True
-    return False
 
 
 def real_torch_tpu_present() -> bool:

@@ -2,15 +2,19 @@
 chips, in a scratch environment: `import torch` must not die and hf-tpu must serve `tpu`.
 
 torch's device-backend autoload calls the `torch.backends` entry points in the order the installed packages
-are found on sys.path. hf-tpu's autoload, when it runs first, puts a no-op loader in place of torch_tpu's
-(hf_tpu/_autoload.py). When torch_tpu's entry point comes first, its loader aborts the process (a failed
-CHECK: TPU_LIBRARY_PATH unset) before hf-tpu runs at all: that order is a known limitation, recorded below
-as a strict xfail so that the day it works the test says so."""
+are found on sys.path (within one site-packages, the directory's arbitrary listing order). When torch_tpu's
+entry point comes first, its loader aborts the process (a failed CHECK: TPU_LIBRARY_PATH unset) before
+hf-tpu's runs. hf-tpu's start-up file (hf_tpu_guard.pth, installed into site-packages with the package)
+puts a no-op loader in place of torch_tpu's before torch starts (_hf_tpu_guard.py), so both orders work; the
+scratch environment holds the start-up file and its module as a wheel install leaves them. Without them,
+torch_tpu first still kills the process: the control case, which shows what the guard fixes."""
 
 from __future__ import annotations
 
 import glob
 import os
+import py_compile
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -36,9 +40,10 @@ def _wheel() -> str:
     return found[0]
 
 
-def _scratch(tmp_path: Path, torch_tpu_first: bool) -> str:
+def _scratch(tmp_path: Path, torch_tpu_first: bool, guard: bool = True) -> str:
     """A venv whose sys.path holds this environment's packages (torch, hf-tpu's entry point) and the real
-    torch_tpu wheel installed on its own, before or after them. Returns its python."""
+    torch_tpu wheel installed on its own, before or after them; with `guard`, hf-tpu's start-up file and its
+    module in the venv's site-packages. Returns its python."""
     tt_site = tmp_path / "torch_tpu_site"
     r = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--no-index", "--target", str(tt_site),
                         _wheel()], capture_output=True, text=True, timeout=600)
@@ -54,6 +59,11 @@ def _scratch(tmp_path: Path, torch_tpu_first: bool) -> str:
     ours = [str(Path(hf_tpu.__file__).parent.parent), sysconfig.get_paths()["purelib"]]
     paths = [str(tt_site), *ours] if torch_tpu_first else [*ours, str(tt_site)]
     Path(site, "scratch_paths.pth").write_text("\n".join(paths) + "\n")
+    if guard:
+        root = Path(hf_tpu.__file__).parent.parent
+        for name in ("_hf_tpu_guard.py", "hf_tpu_guard.pth"):
+            shutil.copy(root / name, site)
+        py_compile.compile(str(Path(site, "_hf_tpu_guard.py")), doraise=True)
     return python
 
 
@@ -72,8 +82,14 @@ def test_real_torch_tpu_without_chips_hf_tpu_serves_tpu(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="torch_tpu's entry point found first aborts `import torch` before hf-tpu's "
-                                       "autoload runs (known limitation, see the module docstring)")
 def test_real_torch_tpu_found_first_without_chips(tmp_path: Path) -> None:
     r = _probe(_scratch(tmp_path, torch_tpu_first=True))
     assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.split("\n")[0] == "[2.0, 2.0] hf_tpu.tpu_api True", r.stdout
+
+
+@pytest.mark.slow
+def test_real_torch_tpu_found_first_without_the_guard_dies(tmp_path: Path) -> None:
+    """The control: what the start-up guard fixes (if this starts passing, torch_tpu no longer aborts)."""
+    r = _probe(_scratch(tmp_path, torch_tpu_first=True, guard=False))
+    assert r.returncode != 0, r.stdout
