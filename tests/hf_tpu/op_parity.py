@@ -3,16 +3,23 @@
 Used by test_op_parity.py (a deterministic sample in the fast set, the whole database under -m slow), and run
 as a script it writes the report grouping failures by cause:
 
-    PYTHONPATH=$PWD nice -n 10 python -m tests.hf_tpu.op_parity [--stride N] [--samples N] [--compiled]
-        -> reports/op_parity.md
+    PYTHONPATH=$PWD nice -n 10 python -m tests.hf_tpu.op_parity [--stride N] [--samples N] [--compiled] [--resume]
+        -> reports/op_parity/<eager|compiled>-s<N>.md, and its journal (.jsonl, one line per pair)
+
+It runs the database in child processes of --chunk ops each: a pair that kills its process is recorded as a
+failure naming the crash and the run goes on; --resume continues a run from its journal.
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import json
 import os
 import pathlib
+import signal
+import subprocess
+import sys
 import warnings
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -21,6 +28,7 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
+ROOT = pathlib.Path(__file__).resolve().parents[2]  # the repository: children run `-m tests.hf_tpu.op_parity`
 DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.int32, torch.int64, torch.bool, torch.complex64)
 GRAD_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 # (rtol, atol) by dtype, the one place tolerances are written: torch.testing.assert_close's defaults, the
@@ -192,15 +200,111 @@ class Tally:
         return p, n
 
 
-def sweep(op_list: Iterable[Any], samples: int, compiled: bool = False, dtypes: Iterable[torch.dtype] = DTYPES) -> Tally:
+def pair_name(op: Any) -> str:
+    return f"{op.name}.{op.variant_test_name}".rstrip(".")
+
+
+def sweep(op_list: Iterable[Any], samples: int, compiled: bool = False, dtypes: Iterable[torch.dtype] = DTYPES,
+          journal: Journal | None = None) -> Tally:
+    """Every (op, dtype) pair CPU supports; with a journal, pairs it holds are skipped and new ones written."""
     warnings.simplefilter("ignore")
     tally = Tally()
     for op in op_list:
         supported = op.supported_dtypes("cpu")
         for dtype in dtypes:
-            if dtype in supported:
-                tally.add(f"{op.name}.{op.variant_test_name}".rstrip("."), dtype, check(op, dtype, samples, compiled))
+            if dtype not in supported:
+                continue
+            name = pair_name(op)
+            if journal is not None and journal.done(name, dtype):
+                continue
+            if journal is not None:
+                journal.start(name, dtype)
+                if os.environ.get("OP_PARITY_CRASH_AT") == f"{name}:{journal._d(dtype)}":  # the crash test's
+                    os.kill(os.getpid(), signal.SIGSEGV)
+            res = check(op, dtype, samples, compiled)
+            tally.add(name, dtype, res)
+            if journal is not None:
+                journal.finish(name, dtype, res)
     return tally
+
+
+class Journal:
+    """Results of a run, one JSON line per (op, dtype) pair, written as each pair starts and finishes, so a run
+    killed or crashed part-way keeps what it measured and names the pair it died in (a start with no finish)."""
+
+    def __init__(self, path: pathlib.Path) -> None:
+        self.path = path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.results: dict[tuple[str, str], Result] = {}
+        self.crashed: tuple[str, str] | None = None
+        if path.exists():
+            for line in path.read_text().splitlines():
+                try:
+                    rec = json.loads(line)
+                except json.JSONDecodeError:  # a line cut short by the crash
+                    continue
+                key = (rec["op"], rec["dtype"])
+                if "forward" in rec:
+                    self.results[key] = Result(rec["forward"], rec["backward"])
+                    if self.crashed == key:
+                        self.crashed = None
+                else:
+                    self.crashed = key
+
+    @staticmethod
+    def _d(dtype: torch.dtype) -> str:
+        return str(dtype).removeprefix("torch.")
+
+    def done(self, name: str, dtype: torch.dtype) -> bool:
+        return (name, self._d(dtype)) in self.results
+
+    def _write(self, rec: dict[str, Any]) -> None:
+        with self.path.open("a") as f:
+            f.write(json.dumps(rec) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+
+    def start(self, name: str, dtype: torch.dtype) -> None:
+        self._write({"op": name, "dtype": self._d(dtype)})
+
+    def finish(self, name: str, dtype: torch.dtype, res: Result) -> None:
+        self.results[(name, self._d(dtype))] = res
+        self._write({"op": name, "dtype": self._d(dtype), "forward": res.forward, "backward": res.backward})
+
+    def record_crash(self, rc: int) -> None:
+        """The pair a child died in fails forward with the crash as its cause (and is not run again)."""
+        name, d = self.crashed
+        cause = f"process crash (exit {rc})" if rc > 0 else f"process crash (signal {-rc})"
+        self.finish(name, getattr(torch, d), Result(cause, None))
+        self.crashed = None
+
+    def tally(self) -> Tally:
+        t = Tally()
+        for (name, d), res in self.results.items():
+            t.add(name, getattr(torch, d), res)
+        return t
+
+
+def run_chunked(journal_path: pathlib.Path, stride: int, samples: int, compiled: bool, chunk: int,
+                max_crashes: int = 50) -> Tally:
+    """The database in child processes of `chunk` ops each, resuming from the journal: a child that crashes
+    costs its one pair (recorded as a failure naming the crash), never the run."""
+    op_list = ops(stride)
+    crashes = 0
+    for lo in range(0, len(op_list), chunk):
+        while True:
+            cmd = [sys.executable, "-m", "tests.hf_tpu.op_parity", "--child", "--journal", str(journal_path),
+                   "--stride", str(stride), "--samples", str(samples), "--first", str(lo), "--count", str(chunk)]
+            rc = subprocess.call(cmd + (["--compiled"] if compiled else []), cwd=ROOT)
+            if rc == 0:
+                break
+            journal = Journal(journal_path)
+            if journal.crashed is None or crashes >= max_crashes:
+                raise RuntimeError(f"op parity child exited {rc} with no pair in progress: {cmd}")
+            journal.record_crash(rc)
+            crashes += 1
+        print(f"ops {lo}-{min(lo + chunk, len(op_list))} of {len(op_list)} done", flush=True)
+    return Journal(journal_path).tally()
 
 
 def markdown(tally: Tally, title: str) -> str:
@@ -221,15 +325,27 @@ def main() -> None:
     ap.add_argument("--stride", type=int, default=1)
     ap.add_argument("--samples", type=int, default=int(os.environ.get("HF_TPU_OPINFO_SAMPLES", "2")))
     ap.add_argument("--compiled", action="store_true")
-    ap.add_argument("--out", default="reports/op_parity.md")
+    ap.add_argument("--chunk", type=int, default=40, help="ops per child process")
+    ap.add_argument("--resume", action="store_true", help="keep the journal's results, run the pairs it lacks")
+    ap.add_argument("--out", default=None, help="default reports/op_parity/<eager|compiled>-s<stride>.md")
+    ap.add_argument("--journal", default=None, help="default: --out's path with .jsonl")
+    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--first", type=int, default=0, help=argparse.SUPPRESS)
+    ap.add_argument("--count", type=int, default=0, help=argparse.SUPPRESS)
     a = ap.parse_args()
-    import hf_tpu
-
-    hf_tpu.set_matmul_precision("highest")
-    tally = sweep(ops(a.stride), a.samples, a.compiled)
     mode = "compiled" if a.compiled else "eager"
+    out = pathlib.Path(a.out or f"reports/op_parity/{mode}-s{a.stride}.md")
+    journal_path = pathlib.Path(a.journal) if a.journal else out.with_suffix(".jsonl")
+    if a.child:
+        import hf_tpu
+
+        hf_tpu.set_matmul_precision("highest")
+        sweep(ops(a.stride)[a.first:a.first + a.count], a.samples, a.compiled, journal=Journal(journal_path))
+        return
+    if not a.resume and journal_path.exists():
+        journal_path.unlink()
+    tally = run_chunked(journal_path, a.stride, a.samples, a.compiled, a.chunk)
     text = markdown(tally, f"OpInfo parity on tpu ({mode}, every {a.stride} op, {a.samples} samples)")
-    out = pathlib.Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(text)
     print(text)
