@@ -14,9 +14,9 @@ def _step_in_for_torch_tpu() -> None:
 
     if importlib.util.find_spec("torch_tpu") is None:
         return
-    from _hf_tpu_guard import install_stand_in_loader
+    from hf_tpu import device
 
-    install_stand_in_loader()
+    device.guard().install_stand_in_loader()
 
 
 def autoload() -> None:

@@ -10,9 +10,6 @@ from typing import Any
 
 import torch
 
-# Chip detection lives in the start-up guard (standard library only, run before torch: _hf_tpu_guard.py), so
-# that the guard and this module can never disagree about whether a chip is attached.
-from _hf_tpu_guard import GOOGLE_PCI_VENDOR, tpu_chips_present  # noqa: F401 - re-exported
 from hf_tpu import op_registry
 from hf_tpu.no_dynamo import never_traced_by_dynamo as _never_traced_by_dynamo
 
@@ -170,6 +167,34 @@ PER_OP_KERNELS = op_registry.mark("per_op_kernel", (
     _aten._neg_view.default,  # composite: it would set the negative bit (dispatch._conj says why not)
 ))
 _aten_lib: torch.library.Library | None = None
+
+
+def guard() -> Any:
+    """The start-up guard module (_hf_tpu_guard.py, standard library only, run before torch by
+    hf_tpu_guard.pth), which also holds chip detection, so that the two can never disagree. It sits beside
+    the hf_tpu package in every layout (a work tree, a wheel's site-packages, an editable install's source
+    tree); it is loaded from there when its name is not importable (an editable install made before the
+    module existed maps only hf_tpu and harness)."""
+    try:
+        import _hf_tpu_guard
+    except ModuleNotFoundError:
+        import importlib.util
+        import sys
+
+        path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "_hf_tpu_guard.py")
+        spec = importlib.util.spec_from_file_location("_hf_tpu_guard", path)
+        _hf_tpu_guard = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+        spec.loader.exec_module(_hf_tpu_guard)  # type: ignore[union-attr]
+        sys.modules["_hf_tpu_guard"] = _hf_tpu_guard
+    return _hf_tpu_guard
+
+
+GOOGLE_PCI_VENDOR: str = guard().GOOGLE_PCI_VENDOR
+
+
+def tpu_chips_present(sys_pci: str = "/sys/bus/pci/devices", dev: str = "/dev") -> bool:
+    """Whether a TPU chip is attached, detected as torch_tpu detects it (_hf_tpu_guard.tpu_chips_present)."""
+    return guard().tpu_chips_present(sys_pci, dev)
 
 
 def real_torch_tpu_present() -> bool:

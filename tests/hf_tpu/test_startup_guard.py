@@ -138,3 +138,17 @@ def timeit_once(fn: object, n: int) -> float:
     for _ in range(n):
         fn()  # type: ignore[operator]
     return time.perf_counter() - start
+
+
+def test_hf_tpu_finds_the_guard_beside_it_when_its_name_is_not_importable(tmp_path: Path) -> None:
+    """An editable install made before _hf_tpu_guard existed maps only hf_tpu and harness: `import torch` must
+    still work (hf_tpu.device loads the module from beside the package)."""
+    r = _run("import sys\n"
+             "class Block:\n"
+             "    @staticmethod\n"
+             "    def find_spec(name, *a):\n"
+             "        if name == '_hf_tpu_guard' and name not in sys.modules:\n"
+             "            raise ModuleNotFoundError(name)\n"
+             "sys.meta_path.insert(0, Block)\n" + PROBE, [])
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.split("\n")[0] == "[2.0, 2.0] False", r.stdout
