@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from harness.core import errors
+from harness.core import errors, model_dtype
 from harness.diagnose import compiled as C
 from harness.diagnose.diagnosis import Diagnosis, FAILING, finite_or_none, first_line
 from harness.diagnose.locate import (locate_compiled_divergence, locate_compiled_failure, locate_divergence,
@@ -69,12 +69,13 @@ def _set_precision(p: str) -> None:
         torch.set_float32_matmul_precision(p)
 
 
-def _dtype(name: str):
-    if name not in ("float32", "bfloat16"):
+def _dtype(name: str) -> torch.dtype:
+    spec = model_dtype.resolve(name)  # unknown names get resolve's error, which lists the valid ones
+    if isinstance(spec, model_dtype.LayerwiseCast):
         # float8 storage hooks every layer's forward; the module replays here would need those hooks too
         raise ValueError(f"diagnose runs at float32 or bfloat16, not {name!r}: diagnose the row at bfloat16 "
                          "(--dtype bfloat16): float8 storage only changes the weights, identically on both sides")
-    return {"float32": torch.float32, "bfloat16": torch.bfloat16}[name]
+    return spec
 
 
 # ------------------------------------------------------------------------------------------------ the runs
