@@ -19,8 +19,8 @@ from typing import Any
 import torch
 
 # optim_lowerings, serialization, storage_ops and view_ops register eager kernels (op_registry) when imported
-from hf_tpu import (devices, functionalize, fused, lowering, op_registry, optim_lowerings,  # noqa: F401
-                    runtime, serialization, storage_ops, view_ops)
+from hf_tpu import (debug_checks, devices, functionalize, fused, lowering, op_registry,  # noqa: F401
+                    optim_lowerings, runtime, serialization, storage_ops, view_ops)
 from hf_tpu import tensor as T
 from hf_tpu.eager_functional import mixed_device_error, run_functional
 from hf_tpu.errors import TpuOpError  # noqa: F401 - re-exported: callers catch dispatch.TpuOpError
@@ -53,6 +53,13 @@ _routes: dict[Any, Callable[[Any, tuple, dict], Any]] = {}
 
 
 def _route(op: Any) -> Callable[[Any, tuple, dict], Any]:
+    route = _route_of_kind(op)
+    check = debug_checks.check_for(op) if debug_checks.enabled() else None
+    # TORCH_TPU_ENABLE_DEBUG_CHECKS: bounds checks first (debug_checks.py); nothing added when they are off
+    return route if check is None else debug_checks.guarded(check, route)
+
+
+def _route_of_kind(op: Any) -> Callable[[Any, tuple, dict], Any]:
     special = _EAGER.get(op)
     if special is not None:
         return lambda _op, args, kwargs: special(*args, **kwargs)
@@ -64,6 +71,9 @@ def _route(op: Any) -> Callable[[Any, tuple, dict], Any]:
     if kind == "view":
         return view_ops.generic_view
     return functionalize.run_mutating
+
+
+debug_checks.on_change(_routes.clear)  # switching the checks rebuilds the routes
 
 
 def dispatch(op: Any, args: tuple, kwargs: dict) -> Any:

@@ -53,7 +53,8 @@ def _run(code: str, pythonpath: list[Path], with_root: bool = True, **env: str) 
                                                            "TORCH_DEVICE_BACKEND_AUTOLOAD")}
     # run outside the work tree: `python -c` puts the working directory first on sys.path, and the tree's
     # _hf_tpu_guard.py would shadow the copy under test
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, cwd=ROOT.parent,
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600,
+                          cwd=ROOT.parent,
                           env={**base, "PYTHONPATH": os.pathsep.join(map(str, [*pythonpath, *([ROOT] if with_root else [])])),
                                 **env})
 
