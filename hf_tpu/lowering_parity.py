@@ -313,6 +313,10 @@ OPMATH = op_registry.mark("opmath", {
     aten.native_batch_norm_backward.default,
     aten.grid_sampler_2d.default, aten.grid_sampler_3d.default, aten.native_group_norm.default,
     aten.native_group_norm_backward.default, aten.polygamma.default,
+    # a Python scalar meets a half tensor in CPU's kernels at float32 (x * 2.302585 keeps the scalar's digits;
+    # JAX would round it to the half type first): log10's and others' gradients
+    aten.mul.Scalar, aten.div.Scalar, aten.add.Scalar, aten.sub.Scalar,
+    aten.avg_pool2d.default, aten.avg_pool3d.default,
 })
 
 
