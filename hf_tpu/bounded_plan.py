@@ -157,6 +157,11 @@ def _rule(node: torch.fx.Node) -> Mask | None | str:
             return None
         if isinstance(start, int) and start >= 0 or start is None:
             return None
+        step = node.args[4] if len(node.args) > 4 else 1
+        if step == 1 and isinstance(val, torch.Tensor) and expr(val.shape[dim]) == expr(x.shape[dim]):
+            # the whole dimension: a negative start beyond every length the bound allows clamps to 0 (a
+            # sliding window's x[:, -window:] with window >= the bound; AFMoE's cache slice)
+            return None
         return f"{t} starts at {start} along the dynamic dimension (reads padded positions)"
     if t is aten.select.int:
         dim, index = node.args[1], node.args[2]

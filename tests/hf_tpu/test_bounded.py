@@ -113,7 +113,10 @@ def test_ops_masked_or_kept_static_stay_exact(highest) -> None:
     def ranked(x):  # a sort over the dynamic dimension: no rule, static shapes
         return x.sort(dim=1).values
 
-    for fn, padded in ((last_token, False), (scaled, True), (pooled, True), (ranked, False)):
+    def windowed(x):  # a sliding window wider than the bound: x[:, -1023:] is all of x at every length
+        return x[:, -1023:].sum(1) + x[:, -1023:, :1].mean(1)
+
+    for fn, padded in ((last_token, False), (scaled, True), (pooled, True), (ranked, False), (windowed, True)):
         torch._dynamo.reset()
         compiled = torch.compile(fn, backend="tpu")
         C.reset_stats()
