@@ -172,6 +172,10 @@ def _rule(node: torch.fx.Node) -> Mask | None | str:
         pos, default = _ALONG_DIM[t]
         dim = node.args[pos] if len(node.args) > pos else node.kwargs.get("dim", default)
         return None if not is_dyn(x.shape[dim % x.dim()]) else f"{t} splits the dynamic dimension"
+    if t is aten.stack.default:
+        # a new dimension: stack's inputs share one shape, so each one's padded positions stay padded positions
+        # (Cohere2's rotary embedding stacks cos/sin halves)
+        return None
     if t is aten.cat.default:
         dim = node.args[1] if len(node.args) > 1 else 0
         parts = [p.meta["val"] for p in node.args[0]]

@@ -116,7 +116,11 @@ def test_ops_masked_or_kept_static_stay_exact(highest) -> None:
     def windowed(x):  # a sliding window wider than the bound: x[:, -1023:] is all of x at every length
         return x[:, -1023:].sum(1) + x[:, -1023:, :1].mean(1)
 
-    for fn, padded in ((last_token, False), (scaled, True), (pooled, True), (ranked, False), (windowed, True)):
+    def stacked(x):  # a new dimension over tensors sharing the dynamic one, then a reduction over it
+        return torch.stack([x, x * 2], dim=-1).sum(1)
+
+    for fn, padded in ((last_token, False), (scaled, True), (pooled, True), (ranked, False), (windowed, True),
+                       (stacked, True)):
         torch._dynamo.reset()
         compiled = torch.compile(fn, backend="tpu")
         C.reset_stats()
