@@ -79,6 +79,9 @@ def run_mutating(op: Any, args: tuple, kwargs: dict) -> Any:
     # out=: compute functionally, then store (resizing outputs of the wrong shape, as PyTorch does)
     kwargs = dict(kwargs)
     outs = [kwargs.pop(a.name) for a in op._schema.arguments if a.is_out and a.name in kwargs]
+    listed = len(outs) == 1 and isinstance(outs[0], (list, tuple))
+    if listed:  # a Tensor[] out (split_with_sizes_copy, unbind_copy, which FSDP2's all-gather copy-out uses)
+        outs = list(outs[0])
     fargs = {a.name for a in func._schema.arguments}
     # None kwargs are defaults; torchax lowerings often do not name them (e.g. mean's dtype)
     kwargs = {k: v for k, v in kwargs.items() if k in fargs and v is not None}
@@ -92,6 +95,8 @@ def run_mutating(op: Any, args: tuple, kwargs: dict) -> Any:
             T.replace(o, float8.cast(v, dtypes.to_jax(o.dtype)))
         else:
             T.assign(o, v)
+    if listed:
+        return None  # these ops return nothing: `-> ()`
     return outs[0] if len(outs) == 1 else tuple(outs)
 
 

@@ -108,6 +108,27 @@ class TpuProcessGroup(dist.ProcessGroup):
 
     _reduce_scatter_base = reduce_scatter_single
 
+    # Functional collectives (torch.distributed._functional_collectives: DTensor's redistribute, FSDP2's
+    # full_tensor) gather and reduce-scatter through these coalesced forms: C++ calls them on the group, and
+    # calls the single-tensor forms above only from Python. Gloo has no coalesced form: one call per pair.
+    def all_gather_single_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor],
+                                    opts: Any = None) -> dist.Work:
+        opts = opts or dist.AllgatherOptions()
+        for o, i in zip(outputs, inputs, strict=True):
+            self._run("_allgather_base", (o, i, opts), [o]).wait()
+        return _done(outputs)
+
+    allgather_into_tensor_coalesced = all_gather_single_coalesced  # the name before torch 2.13
+
+    def reduce_scatter_single_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor],
+                                        opts: Any = None) -> dist.Work:
+        opts = opts or dist.ReduceScatterOptions()
+        for o, i in zip(outputs, inputs, strict=True):
+            self._run("_reduce_scatter_base", (o, i, opts), [o]).wait()
+        return _done(outputs)
+
+    reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
+
     def reduce(self, tensors: list[torch.Tensor], opts: Any = None) -> dist.Work:
         opts = opts or dist.ReduceOptions()
         return self._run("reduce", (tensors, opts), tensors if self.rank() == opts.rootRank else [])

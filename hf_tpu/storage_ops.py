@@ -1,10 +1,12 @@
 """Eager ops that make or fill storage rather than compute: `empty` (zeros made lazily), copies between tpu
-and CPU, `resize_`, `set_`, and `*_like`/`new_*` factories asked for another device.
+and CPU, `resize_`, `set_`, `*_like`/`new_*` factories asked for another device, and the resizing of a
+tpu storage (`untyped_storage().resize_`, which FSDP2 uses to free and re-allocate unsharded parameters).
 """
 
 from __future__ import annotations
 
 import functools
+import math
 from typing import Any
 
 import torch
@@ -88,6 +90,86 @@ def resize_(t: torch.Tensor, size: Any, memory_format: Any = None) -> torch.Tens
     flat = jnp.zeros((n,), old.dtype).at[: min(n, old.size)].set(old[: min(n, old.size)])
     T.replace(t, flat.reshape(size))
     return t
+
+
+class _Freed:
+    """The loader of a buffer whose storage was resized to 0 bytes: reading it is an error (CPU and CUDA read
+    freed memory; CPU crashes), and it remembers the dtype and shape a later resize_ gives back."""
+
+    __slots__ = ("dtype", "shape")
+
+    def __init__(self, dtype: Any, shape: tuple[int, ...]) -> None:
+        self.dtype, self.shape = dtype, shape
+
+    def __call__(self) -> Any:
+        raise RuntimeError(
+            "hf_tpu: this tpu tensor's storage was resized to 0 bytes (untyped_storage().resize_(0), as "
+            "FSDP2 does to free unsharded parameters); resize it back before using the tensor")
+
+
+class _Zeros:
+    """The loader of a buffer grown by a storage resize_: its new elements (zeros, where CPU leaves them
+    uninitialised), made on first use, after the kept ones."""
+
+    __slots__ = ("dtype", "shape", "index", "kept")
+
+    def __init__(self, dtype: Any, shape: tuple[int, ...], index: int, kept: Any = None) -> None:
+        self.dtype, self.shape, self.index, self.kept = dtype, shape, index, kept
+
+    def __call__(self) -> Any:
+        z = float8.zeros(self.shape, self.dtype)
+        if _MULTI:  # on the storage's device (zeros are made on JAX's default one)
+            z = runtime.jax().device_put(z, T.jax_device(self.index))
+        if self.kept is None:
+            return z
+        flat = z.reshape(-1)
+        return flat.at[: self.kept.size].set(self.kept.reshape(-1)).reshape(self.shape)
+
+
+def resize_storage(storage: torch.UntypedStorage, nbytes: int) -> None:
+    """`storage.resize_(nbytes)` for a tpu storage (called by the C++ hooks' resizePrivateUse1Bytes, which
+    then records `nbytes` as the storage's size). A tpu storage's numbers are its buffer's JAX array, so
+    the array is resized as CPU resizes bytes: its first elements are kept (a grown storage's new ones are
+    zeros), 0 bytes drops it. Every tensor over the storage sees the change, as on CPU; growing back to the
+    size it had gives the buffer its old shape, so that whole-buffer tensors read it without a slice."""
+    buf = _payload_of_storage(storage).buf
+    loader = buf._loader
+    if buf._array is not None:
+        dtype = buf._array.dtype
+    elif isinstance(loader, (_Freed, _Zeros)):
+        dtype = loader.dtype
+    else:  # a lazy `empty` or a pending fused value: its dtype is its array's
+        dtype = buf.array.dtype
+    itemsize = runtime.jax().numpy.dtype(dtype).itemsize
+    if nbytes % itemsize:
+        raise RuntimeError(f"hf_tpu: a tpu storage of {dtype} elements ({itemsize} bytes each) cannot be "
+                           f"resized to {nbytes} bytes, which is not a whole number of elements")
+    n = nbytes // itemsize
+    if n == buf.numel and not isinstance(loader, _Freed):
+        return
+    if n == 0:
+        buf.defer(_Freed(dtype, loader.shape if isinstance(loader, _Freed) else buf.shape), (0,))
+    elif isinstance(loader, _Freed):
+        shape = loader.shape if math.prod(loader.shape) == n else (n,)
+        buf.defer(_Zeros(dtype, shape, storage.device.index or 0), shape)
+    else:
+        old = buf.array.reshape(-1)
+        index = storage.device.index or 0
+        buf.defer(_Zeros(dtype, (n,), index, old) if n > old.size else functools.partial(_prefix, old, n), (n,))
+
+
+def _payload_of_storage(storage: torch.UntypedStorage) -> T.Payload:
+    """The payload of a tpu tensor's UntypedStorage (tensor.py hangs it there; the C++ hooks hand Python the
+    storage)."""
+    try:
+        return storage._hf_tpu  # type: ignore[attr-defined]
+    except AttributeError:
+        raise RuntimeError("hf_tpu: this tpu storage has no data attached: it was not made by a tpu tensor "
+                           "(tpu storages exist only behind tpu tensors)") from None
+
+
+def _prefix(flat: Any, n: int) -> Any:
+    return flat[:n]
 
 
 @lowers(aten.set_.source_Tensor, kind="eager")

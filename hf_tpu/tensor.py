@@ -80,6 +80,17 @@ class Buffer:
         if self._array is not None:
             _release(self._array)
 
+    def defer(self, loader: Callable[[], Any], shape: tuple[int, ...]) -> None:
+        """Drop the array: `loader` makes the buffer's next one, of `shape` (a tpu storage resized with
+        untyped_storage().resize_, storage_ops.resize_storage). A pending fused value no longer lands here."""
+        old, pending = self._array, self._loader
+        if type(pending) is fused.Node and pending.buf_ref is not None and pending.buf_ref() is self:
+            pending.buf_ref = None
+        self._array, self._loader, self.shape = None, loader, tuple(shape)
+        self.version += 1
+        if old is not None:
+            _release(old)
+
     @property
     def numel(self) -> int:
         n = 1
@@ -259,7 +270,7 @@ def value(t: torch.Tensor) -> Any:
     shape = tuple(t.shape)
     if p.view is None:
         a = p.buf.array
-        return a if a.shape == shape else a.reshape(shape)
+        return a if a.shape == shape else fit(a, shape)
     if p._cache_version != p.buf.version:
         p._cache = views.read_program(p.view)(p.buf.array)
         p._cache_version = p.buf.version
@@ -303,7 +314,20 @@ def apply_operand(array: Any, key: tuple) -> Any:
     """Inside a program: an Operand's value from its buffer array (traceable)."""
     view, shape = key
     x = array if view is None else views.read(array, view)
-    return x if x.shape == shape else x.reshape(shape)
+    return x if x.shape == shape else fit(x, shape)
+
+
+def fit(a: Any, shape: tuple[int, ...]) -> Any:
+    """A whole buffer's array read as a tensor of `shape`: a reshape, or its first elements when its storage
+    was grown past the tensor (`untyped_storage().resize_`, as CPU's tensor keeps reading the storage's
+    first bytes). Traceable."""
+    n = math.prod(shape)
+    if a.size == n:
+        return a.reshape(shape)
+    if a.size < n:
+        raise RuntimeError(f"hf_tpu: this tpu tensor of shape {list(shape)} needs {n} elements, but its "
+                           f"storage holds {a.size} (it was resized smaller with untyped_storage().resize_)")
+    return a.reshape(-1)[:n].reshape(shape)
 
 
 def assign(t: torch.Tensor, new: Any) -> None:

@@ -1,8 +1,9 @@
 """hf-tpu's C++ hooks (hooks.cpp): built once per machine, loaded when `tpu` is registered.
 
 PyTorch takes some of a device's hooks only from C++ (pinned memory, torch.Generator("tpu"), events and
-synchronisation through the device guard, the allocator behind torch.accelerator.memory_*). hooks.cpp
-provides them and asks Python (`_Callbacks` below) whatever depends on hf-tpu's JAX arrays.
+synchronisation through the device guard, the allocator behind torch.accelerator.memory_*, storage
+resizing). hooks.cpp provides them and asks Python (`_Callbacks` below) whatever depends on hf-tpu's JAX
+arrays.
 
 How it is built: `torch.utils.cpp_extension.load` compiles hooks.cpp with the torch already installed
 (g++ and ninja, no pip, no second torch) into a cache directory keyed by the source, torch and Python
@@ -56,6 +57,11 @@ class _Callbacks:
 
     def empty_cache(self) -> None:
         pass  # hf-tpu caches no device memory: JAX frees an array when its last tensor dies
+
+    def resize_storage(self, storage: Any, nbytes: int) -> None:
+        from hf_tpu import storage_ops
+
+        storage_ops.resize_storage(storage, nbytes)
 
     def memory_info(self, index: int) -> tuple[int, int]:
         """(free, total) bytes of device `index`: the stand-in's devices share the host's memory, so each

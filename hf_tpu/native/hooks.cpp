@@ -3,7 +3,8 @@
 // A Python backend (torch._C._acc) can say "available" and "built", nothing more. PyTorch asks the
 // backend's C++ hooks for: the pinned host allocator (tensor.pin_memory(), DataLoader(pin_memory=True)),
 // new generators (torch.Generator("tpu")), the device guard's events and synchronisation (torch.Event,
-// torch.accelerator.synchronize) and the device allocator's statistics (torch.accelerator.memory_*).
+// torch.accelerator.synchronize), the device allocator's statistics (torch.accelerator.memory_*) and
+// storage resizing (untyped_storage().resize_, which FSDP2 uses).
 // This file provides exactly those, and hands every question about the device's state (queued work, live
 // tensor bytes) to Python callbacks: hf-tpu's tensors live in JAX arrays, which only Python can see.
 //
@@ -74,6 +75,22 @@ PyObject* call_python(const char* method, int index = -2) {
   }
   PyGILState_Release(gil);
   return result;
+}
+
+// callbacks.<method>(obj, n), its result dropped (obj is borrowed).
+void call_python_void(const char* method, PyObject* obj, int64_t n) {
+  if (g_callbacks == nullptr || !Py_IsInitialized()) {
+    return;
+  }
+  PyGILState_STATE gil = PyGILState_Ensure();
+  PyObject* result = PyObject_CallMethod(g_callbacks, method, "OL", obj, static_cast<long long>(n));
+  if (result == nullptr) {
+    std::string err = take_python_error();
+    PyGILState_Release(gil);
+    TORCH_CHECK(false, "hf_tpu: the tpu device's ", method, "() failed: ", err);
+  }
+  Py_DECREF(result);
+  PyGILState_Release(gil);
 }
 
 void call_python_void(const char* method, int index = -2) {
@@ -281,6 +298,18 @@ struct TpuHooks final : at::PrivateUse1HooksInterface {
   at::Generator getNewGenerator(c10::DeviceIndex index) const override {
     check_index(index);
     return at::make_generator<TpuGenerator>(index);
+  }
+  // storage.resize_(n) (FSDP2 frees an unsharded parameter with resize_(0) and re-allocates it with
+  // resize_(its bytes)). A tpu storage's numbers are a JAX array hanging off its Python object
+  // (hf_tpu/tensor.py), so Python resizes that array; the storage then records its new size, which
+  // storage.size() reports. Its data pointer stays the one naming the tensor's buffer and device, and no
+  // bytes are allocated behind it (the allocator hands out none: see TpuDeviceAllocator).
+  void resizePrivateUse1Bytes(const c10::Storage& storage, size_t newsize) const override {
+    c10::StorageImpl* impl = storage.unsafeGetStorageImpl();
+    PyObject* obj = impl->pyobj_slot()->load_pyobj();
+    TORCH_CHECK(obj != nullptr, "hf_tpu: this tpu storage has no Python object, so no data attached to resize");
+    call_python_void("resize_storage", obj, static_cast<int64_t>(newsize));
+    impl->set_nbytes(newsize);
   }
   // getDefaultGenerator stays PyTorch's "not implemented": tpu's default random stream is hf_tpu.rng's
   // JAX key (torch.tpu.default_generators), which no C++ kernel draws from.

@@ -190,3 +190,23 @@ def test_view_as_real_and_complex() -> None:
     assert torch.equal(torch.view_as_real(x.to("tpu")).cpu(), torch.view_as_real(x))
     r = torch.randn(3, 4, 2)
     assert torch.equal(torch.view_as_complex(r.to("tpu")).cpu(), torch.view_as_complex(r))
+
+
+@pytest.mark.parametrize("op", ["split_with_sizes_copy", "unbind_copy"])
+def test_ops_writing_a_list_of_out_tensors(op) -> None:
+    """`Tensor[] out` ops (FSDP2's all-gather copy-out is split_with_sizes_copy into views of its buffers):
+    each out tensor, a view here, gets its piece, and the op returns None, as on CPU."""
+    def run(device: str) -> list[torch.Tensor]:
+        x = torch.arange(24.0).reshape(2, 12).to(device)
+        if op == "split_with_sizes_copy":
+            bufs = [torch.zeros(8, device=device), torch.zeros(16, device=device)]
+            outs = [bufs[0].view(2, 4), bufs[1].view(2, 8)]
+            assert torch.split_with_sizes_copy(x, [4, 8], dim=1, out=outs) is None
+        else:
+            bufs = [torch.zeros(12, device=device), torch.zeros(12, device=device)]
+            outs = bufs
+            assert torch.unbind_copy(x, 0, out=outs) is None
+        return [b.cpu() for b in bufs]
+
+    for c, t in zip(run("cpu"), run("tpu"), strict=True):
+        assert torch.equal(c, t)

@@ -1,10 +1,11 @@
-"""Run under `torchrun --nproc_per_node=2` by test_distributed.py: `distributed_child.py tpu|cpu ddp|tp|collectives`.
+"""Run under `torchrun --nproc_per_node=2` by test_distributed.py:
+`distributed_child.py tpu|cpu ddp|tp|fsdp|collectives`.
 
 ddp: DDP trains a tiny Llama 3 steps, each rank on tpu:LOCAL_RANK with backend="tpu_dist" (or on CPU with
 gloo, the reference); prints the losses and a weight checksum. collectives: all_reduce,
 all_gather_into_tensor, reduce_scatter_tensor, broadcast, all_to_all and all_to_all_single on tensors of
-tpu:LOCAL_RANK (or CPU), printing their results. tp: DTensor tensor parallelism of the MLPs (below). One
-JSON line per rank."""
+tpu:LOCAL_RANK (or CPU), printing their results. tp: DTensor tensor parallelism of the MLPs; fsdp: FSDP2
+(below). One JSON line per rank."""
 
 from __future__ import annotations
 
@@ -81,6 +82,41 @@ def tensor_parallel(device: torch.device) -> dict:
                                         list(shard.to_local().shape)]}
 
 
+def fsdp(device: torch.device) -> dict:
+    """FSDP2: each decoder layer and the whole model `fully_shard`ed over the two ranks (every parameter a
+    DTensor sharded on dim 0), each rank its own data. FSDP2 frees each unsharded parameter after use with
+    `untyped_storage().resize_(0)` and re-allocates it before the next all-gather (hf_tpu/storage_ops.py)."""
+    import transformers
+    from _hf_tiny import llama
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    # the mesh names the device (FSDP2's default is the accelerator's, which hf-tpu makes tpu even for CPU)
+    mesh = init_device_mesh(device.type, (dist.get_world_size(),))
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(llama()).to(device)
+    for layer in model.model.layers:
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    g = torch.Generator().manual_seed(100 + dist.get_rank())  # each rank its own data
+    losses = []
+    for _ in range(3):
+        ids = torch.randint(3, 99, (2, 8), generator=g).to(device)
+        loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+    shard = model.model.layers[0].mlp.gate_proj.weight
+    # a layer's all-gather output after the step: FSDP2 resized its storage to 0 bytes after backward
+    gathered = model.model.layers[0]._get_fsdp_state()._fsdp_param_group.fsdp_params[0].all_gather_outputs[0]
+    return {"losses": losses, "shard": [type(shard).__name__, str(shard.to_local().device),
+                                        list(shard.to_local().shape)],
+            "freed_bytes": [gathered.numel() * gathered.element_size(), gathered.untyped_storage().size()],
+            "weights": [p.full_tensor().double().sum().item() for p in model.parameters()]}
+
+
 def collectives(device: torch.device) -> dict:
     rank, world = dist.get_rank(), dist.get_world_size()
     base = torch.arange(4 * world, dtype=torch.float32) + 10 * rank  # differs per rank
@@ -106,6 +142,16 @@ def collectives(device: torch.device) -> dict:
     dist.all_to_all_single(single, base.to(device))
     out["all_to_all_single"] = [str(single.device), single.cpu().tolist()]
 
+    # functional collectives (DTensor's and FSDP2's): C++ calls the group's coalesced forms
+    import torch.distributed._functional_collectives as funcol
+
+    g = dist.group.WORLD
+    for name, r in (("funcol_all_gather", funcol.all_gather_tensor(base.to(device), 0, g)),
+                    ("funcol_reduce_scatter", funcol.reduce_scatter_tensor(base.to(device), "sum", 0, g)),
+                    ("funcol_all_reduce", funcol.all_reduce(base.to(device), "sum", g))):
+        r = funcol.wait_tensor(r)
+        out[name] = [str(r.device), r.cpu().tolist()]
+
     ins = [c.to(device) for c in base.chunk(world)]
     outs = [torch.empty_like(c) for c in ins]
     dist.all_to_all(outs, ins)
@@ -116,7 +162,7 @@ def collectives(device: torch.device) -> dict:
 if __name__ == "__main__":
     kind, what = sys.argv[1], sys.argv[2]
     device = _setup(kind)
-    run = {"ddp": ddp, "tp": tensor_parallel, "collectives": collectives}[what]
+    run = {"ddp": ddp, "tp": tensor_parallel, "fsdp": fsdp, "collectives": collectives}[what]
     result = {"rank": dist.get_rank(), **run(device)}
     print("RESULT " + json.dumps(result), flush=True)
     dist.destroy_process_group()

@@ -35,7 +35,8 @@ def test_collectives_on_tpu_tensors_match_gloo_on_cpu() -> None:
     cpu, tpu = _torchrun("cpu", "collectives"), _torchrun("tpu", "collectives")
     for rank, (c, t) in enumerate(zip(cpu, tpu, strict=True)):
         for name in ("all_reduce", "all_gather_into_tensor", "reduce_scatter_tensor", "broadcast",
-                     "all_to_all_single", "all_to_all"):
+                     "all_to_all_single", "all_to_all", "funcol_all_gather", "funcol_reduce_scatter",
+                     "funcol_all_reduce"):
             assert t[name][0] == f"tpu:{rank}", (name, t[name])  # results stay on the rank's device
             assert t[name][1] == c[name][1], (name, rank)
 
@@ -57,3 +58,15 @@ def test_dtensor_tensor_parallel_trains_as_gloo_on_cpu() -> None:
     for rank, (c, t) in enumerate(zip(cpu, tpu, strict=True)):
         assert t["shard"] == ["DTensor", f"tpu:{rank}", [32, 32]]  # half of gate_proj's 64 rows on each rank
         assert max(abs(a - b) for a, b in zip(c["losses"], t["losses"], strict=True)) < 1e-5
+
+
+@pytest.mark.slow
+def test_fsdp2_fully_shard_trains_as_gloo_on_cpu() -> None:
+    """FSDP2 frees unsharded parameters with untyped_storage().resize_(0) and gathers them again into the
+    re-allocated storage (hf_tpu/storage_ops.resize_storage, through the C++ hooks)."""
+    cpu, tpu = _torchrun("cpu", "fsdp"), _torchrun("tpu", "fsdp")
+    for rank, (c, t) in enumerate(zip(cpu, tpu, strict=True)):
+        assert t["shard"] == ["DTensor", f"tpu:{rank}", [32, 32]]  # half of gate_proj's 64 rows on each rank
+        assert t["freed_bytes"][0] > 0 and t["freed_bytes"][1] == c["freed_bytes"][1] == 0  # freed, as on CPU
+        assert max(abs(a - b) for a, b in zip(c["losses"], t["losses"], strict=True)) < 1e-5
+        assert max(abs(a - b) for a, b in zip(c["weights"], t["weights"], strict=True)) < 1e-4
