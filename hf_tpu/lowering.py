@@ -244,7 +244,12 @@ def find(op: Any) -> Callable[..., Any] | None:
         inner = fn
 
         def fn(*args: Any, **kwargs: Any) -> Any:  # noqa: F811 - the precision-aware variant
-            return inner(*precision.round_args(name, args, precision.current()), **kwargs)
+            args = precision.round_args(name, args, precision.current())
+            if name in precision.WIDE_ACCUMULATION_OPS:  # bfloat16 operands: YNNPACK's bfloat16 dot
+                out = precision.wide_accumulation_matmul(name, args, kwargs)
+                if out is not None:
+                    return out
+            return inner(*args, **kwargs)
 
     return fn
 

@@ -200,3 +200,44 @@ def round_args(op_name: str, args: tuple, precision: str) -> tuple:
         if i < len(args):
             args[i] = round_operand(args[i], precision)
     return tuple(args)
+
+
+# ------------------------------------------------------------------------- 16-bit matmuls, f32 accumulation
+# A bfloat16 x bfloat16 matmul whose result is bfloat16 is computed by XLA:CPU as: both operands converted to
+# float32, a float32 dot, the result rounded to bfloat16. Asking the dot for a float32 result
+# (preferred_element_type) and rounding it after is the same arithmetic (exact products, float32
+# accumulation, one rounding), and XLA:CPU then hands the bfloat16 operands to its YNNPACK dot as they are,
+# which uses the CPU's bfloat16 dot-product instructions: GPT-2's bfloat16 matmuls take 0.36-0.65x the time,
+# with bit-identical results on every shape measured (benchmarks/profile_train.py, the note of issue 31). It
+# is also what a TPU's MXU does. The ops whose torchax lowering is a plain `x @ y` (and addmm, `beta * input
+# + alpha * (x @ y)`) are computed here when both operands are bfloat16; others keep their lowering.
+# HF_TPU_WIDE_BF16_DOTS=0 turns it off (for A/B timing).
+WIDE_ACCUMULATION_OPS = (frozenset({"mm", "bmm", "matmul", "addmm"})
+                         if os.environ.get("HF_TPU_WIDE_BF16_DOTS", "1") != "0" else frozenset())
+
+
+def wide_accumulation_matmul(op_name: str, args: tuple, kwargs: dict) -> Any:
+    """The op's result through a float32-accumulating dot, or None when the op or its dtypes are not ones
+    this covers (the caller then runs the op's own lowering)."""
+    import jax.numpy as jnp
+
+    if op_name == "addmm":
+        if len(args) != 3 or set(kwargs) - {"beta", "alpha"}:
+            return None
+        bias, x, y = args
+    elif len(args) == 2 and not kwargs:
+        bias, (x, y) = None, args
+    else:
+        return None
+    bf16 = jnp.bfloat16
+    if getattr(x, "dtype", None) != bf16 or getattr(y, "dtype", None) != bf16:
+        return None
+    prod = jnp.matmul(x, y, preferred_element_type=jnp.float32).astype(bf16)
+    if bias is None:
+        return prod
+    if getattr(bias, "dtype", None) != bf16:
+        return None
+    # torchax's addmm, term by term in bfloat16, so the result is the one it gives
+    alpha = jnp.array(kwargs.get("alpha", 1.0)).astype(bf16)
+    beta = jnp.array(kwargs.get("beta", 1.0)).astype(bf16)
+    return bias * beta + alpha * prod
