@@ -32,7 +32,7 @@ HF_TPU_LAYERS: list[tuple[str, list[str]]] = [
     ("per-program XLA compile options", ["hf_tpu.xla_options"]),
     ("helpers of the lowerings", ["hf_tpu.torchax_compat", "hf_tpu.rng", "hf_tpu.views", "hf_tpu.lowering_ops",
                                   "hf_tpu.lowering_parity", "hf_tpu.float8", "hf_tpu.random_ops",
-                                  "hf_tpu.special_polynomials"]),
+                                  "hf_tpu.special_polynomials", "hf_tpu.segment_reduce"]),
     ("fused eager mode's recorder", ["hf_tpu.fused"]),
     ("tpu tensors", ["hf_tpu.tensor"]),
     ("programs of one op, decompositions run as programs, plans, torch.save, optimizer kernels",
