@@ -33,3 +33,12 @@ class TpuOpError(RuntimeError):
     def __init__(self, op: Any, exc: BaseException) -> None:
         self.op = op_name(op)
         super().__init__(f"{self.op} failed on tpu: {type(exc).__name__}: {exc}")
+
+
+class Unsupported(NotImplementedError):
+    """An op (or an op on a dtype) the device declares it does not support, listed with the reason in
+    docs/device.md ("Declared unsupported"); the message names the op, the reason and the alternative."""
+
+    def __init__(self, op: Any, reason: str, alternative: str) -> None:
+        self.op = op_name(op)
+        super().__init__(f"hf_tpu: {self.op} is not supported on tpu: {reason}. {alternative}")

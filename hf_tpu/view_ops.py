@@ -12,6 +12,7 @@ import torch
 
 from hf_tpu import lowering, op_jit
 from hf_tpu import tensor as T
+from hf_tpu.errors import Unsupported
 from hf_tpu.op_registry import lowers
 
 aten = torch.ops.aten
@@ -128,8 +129,24 @@ def view_as_real(src: torch.Tensor) -> torch.Tensor:
 
 @lowers(aten.view_as_complex.default, kind="eager")
 def view_as_complex(src: torch.Tensor) -> torch.Tensor:
+    if src.dtype == torch.float16:  # silently widening to complex64 would change the result's dtype
+        raise Unsupported(aten.view_as_complex.default, "float16 pairs view as complex32 (torch.chalf), a dtype "
+                          "XLA does not have", "Convert to float32 first (x.float()) for a complex64 view.")
     v = T.value(src)
     return T.wrap(v[..., 0] + 1j * v[..., 1])
 
 
 lowers(aten._reshape_alias.default, kind="eager")(lambda src, size, stride: view(src, size))
+
+
+def _sparse(op: Any) -> Any:
+    def refuse(*args: Any, **kwargs: Any) -> Any:
+        raise Unsupported(op, "sparse layouts have no XLA representation (tpu tensors are dense, strided)",
+                          "Keep the tensor dense on tpu, or make it sparse on CPU (x.cpu().to_sparse()).")
+
+    return refuse
+
+
+for _op in (aten._to_sparse.default, aten._to_sparse.sparse_dim, aten._to_sparse_csr.default,
+            aten._to_sparse_csc.default, aten._to_sparse_bsr.default, aten._to_sparse_bsc.default):
+    lowers(_op, kind="eager")(_sparse(_op))

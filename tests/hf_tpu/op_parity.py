@@ -126,6 +126,8 @@ def _cause(exc: BaseException) -> str:
     if isinstance(exc, Mismatch):
         return str(exc)
     msg = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    if " is not supported on tpu: " in msg:  # declared unsupported (errors.Unsupported, docs/device.md)
+        return "unsupported: " + msg.split("hf_tpu: ")[-1].split(" is not supported")[0]
     if "no JAX lowering for" in msg:
         return "no lowering: " + msg.split("no JAX lowering for ")[1].split(" ")[0]
     if "failed on tpu" in msg:
@@ -182,6 +184,7 @@ class Tally:
     counts: dict[tuple[str, str], collections.Counter] = field(default_factory=dict)
     causes: collections.Counter = field(default_factory=collections.Counter)
     failing: dict[str, list[str]] = field(default_factory=lambda: collections.defaultdict(list))
+    unsupported: dict[str, list[str]] = field(default_factory=lambda: collections.defaultdict(list))
 
     def add(self, name: str, dtype: torch.dtype, res: Result) -> None:
         d = str(dtype).removeprefix("torch.")
@@ -189,15 +192,24 @@ class Tally:
             if outcome is None:
                 continue
             c = self.counts.setdefault((direction, d), collections.Counter())
+            if _unsupported(outcome):  # counted apart: neither a pass nor a failure
+                c["unsupported"] += 1
+                self.unsupported[outcome.removeprefix("backward: ")].append(f"{name}:{d}:{direction}")
+                continue
             c["pass" if outcome == "pass" else "fail"] += 1
             if outcome != "pass":
                 self.causes[outcome] += 1
                 self.failing[outcome].append(f"{name}:{d}")
 
     def total(self, direction: str) -> tuple[int, int]:
+        """(pairs passing, pairs run) in `direction`; declared-unsupported pairs are in neither."""
         p = sum(c["pass"] for (dr, _), c in self.counts.items() if dr == direction)
-        n = sum(sum(c.values()) for (dr, _), c in self.counts.items() if dr == direction)
+        n = sum(c["pass"] + c["fail"] for (dr, _), c in self.counts.items() if dr == direction)
         return p, n
+
+
+def _unsupported(outcome: str) -> bool:
+    return outcome.removeprefix("backward: ").startswith("unsupported: ")
 
 
 def pair_name(op: Any) -> str:
@@ -308,12 +320,18 @@ def run_chunked(journal_path: pathlib.Path, stride: int, samples: int, compiled:
 
 
 def markdown(tally: Tally, title: str) -> str:
-    lines = [f"# {title}", "", "| direction | dtype | pass | of |", "|---|---|---|---|"]
+    lines = [f"# {title}", "", "| direction | dtype | pass | of | % | declared unsupported |", "|---|---|---|---|---|---|"]
     for (direction, d), c in sorted(tally.counts.items()):
-        lines.append(f"| {direction} | {d} | {c['pass']} | {sum(c.values())} |")
+        n = c["pass"] + c["fail"]
+        lines.append(f"| {direction} | {d} | {c['pass']} | {n} | {100 * c['pass'] / max(n, 1):.1f} | {c['unsupported']} |")
     for direction in ("forward", "backward"):
         p, n = tally.total(direction)
-        lines.append(f"| {direction} | all | {p} | {n} |")
+        u = sum(c["unsupported"] for (dr, _), c in tally.counts.items() if dr == direction)
+        lines.append(f"| {direction} | all | {p} | {n} | {100 * p / max(n, 1):.1f} | {u} |")
+    lines += ["", "## Declared unsupported (docs/device.md), counted apart", "", "| pairs | op | (op, dtype, direction) |",
+              "|---|---|---|"]
+    for cause, pairs in sorted(tally.unsupported.items()):
+        lines.append(f"| {len(pairs)} | {cause} | {' '.join(pairs[:12])} |")
     lines += ["", "## Failures by cause", "", "| pairs | cause | (op, dtype) |", "|---|---|---|"]
     for cause, n in tally.causes.most_common():
         lines.append(f"| {n} | {cause.replace('|', '/')} | {' '.join(tally.failing[cause][:12])} |")

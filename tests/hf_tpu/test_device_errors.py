@@ -72,3 +72,15 @@ def test_launch_blocking_raises_at_the_op() -> None:
                            env={**os.environ, var: "1"})
         assert r.returncode == 0, r.stderr[-2000:]
         assert "raised True" in r.stdout
+
+
+@pytest.mark.parametrize("make", [lambda x: x.to_sparse(), lambda x: x.to_sparse_csr(),
+                                  lambda x: torch.view_as_complex(x[:, :2].half())],
+                         ids=["to_sparse", "to_sparse_csr", "view_as_complex_float16"])
+def test_declared_unsupported_ops_name_op_and_alternative(make) -> None:
+    """The ops docs/device.md declares unsupported raise errors.Unsupported naming the op, the reason and what
+    to do instead, never a wrong dtype or a bare missing-lowering error."""
+    from hf_tpu.errors import Unsupported
+
+    with pytest.raises(Unsupported, match=r"aten::\w+\.\w+ is not supported on tpu: .+\. .+"):
+        make(torch.randn(3, 4).to("tpu"))
