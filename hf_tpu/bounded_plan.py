@@ -30,6 +30,9 @@ _LAYOUT = {
     aten.full.default, aten.zeros.default, aten.ones.default, aten.empty.memory_format,
     aten.new_zeros.default, aten.new_ones.default, aten.new_empty.default, aten.new_full.default,
     aten.cumsum.default, aten.repeat.default, aten.copy.default, aten.tril.default, aten.triu.default,
+    # elementwise without ATen's pointwise tag, and complex views that only fold or unfold the last dimension
+    # (always the static pair of a complex number): DeepSeek-V2's rotary embedding (polar, view_as_complex)
+    aten.polar.default, aten.complex.default, aten.view_as_complex.default, aten.view_as_real.default,
 }
 # consumers that may take a dynamic size as a *shape* (at the bucket's bound inside the program)
 _SIZE_CONSUMERS = {

@@ -119,8 +119,13 @@ def test_ops_masked_or_kept_static_stay_exact(highest) -> None:
     def stacked(x):  # a new dimension over tensors sharing the dynamic one, then a reduction over it
         return torch.stack([x, x * 2], dim=-1).sum(1)
 
+    def rotary_complex(x):  # DeepSeek-V2's rotary embedding: polar angles, complex products, back to real
+        freqs = torch.polar(torch.ones_like(x[..., :8]), x[..., :8])
+        rot = torch.view_as_complex(x.reshape(*x.shape[:-1], 8, 2)) * freqs
+        return torch.view_as_real(rot).flatten(-2).sum(1)
+
     for fn, padded in ((last_token, False), (scaled, True), (pooled, True), (ranked, False), (windowed, True),
-                       (stacked, True)):
+                       (stacked, True), (rotary_complex, True)):
         torch._dynamo.reset()
         compiled = torch.compile(fn, backend="tpu")
         C.reset_stats()
