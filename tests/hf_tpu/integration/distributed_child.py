@@ -54,8 +54,8 @@ def ddp(device: torch.device) -> dict:
 def tensor_parallel(device: torch.device) -> dict:
     """DTensor tensor parallelism: each decoder layer's MLP split colwise (gate, up) and rowwise (down) over
     the two ranks; every rank sees the same data, so the losses are the unsplit model's. AdamW without
-    foreach: the other parameters stay plain tensors, and PyTorch's foreach kernels refuse a list mixing
-    them with DTensors (tpu, like CUDA, is a foreach device; CPU is not, so it never takes that path)."""
+    foreach: the other parameters stay plain tensors, and DTensor refuses a foreach op over a list mixing
+    them with DTensors (tpu, like CUDA, is a foreach device, so foreach is its default; CPU is not)."""
     import transformers
     from _hf_tiny import llama
     from torch.distributed.device_mesh import init_device_mesh
@@ -77,9 +77,18 @@ def tensor_parallel(device: torch.device) -> dict:
         opt.step()
         opt.zero_grad()
         losses.append(loss.item())
+    # foreach AdamW (the default on tpu and CUDA, foreach devices, since DTensor counts as a foreach type):
+    # PyTorch's DTensor refuses a foreach op over DTensors and plain tensors, on any device (CPU with
+    # foreach=True here; CUDA users meet it by default, e.g. pytorch/pytorch#153354)
+    model(input_ids=ids, labels=ids).loss.backward()
+    try:
+        torch.optim.AdamW(model.parameters(), lr=1e-2, foreach=True).step()
+        foreach_error = None
+    except RuntimeError as exc:
+        foreach_error = str(exc)
     shard = model.model.layers[0].mlp.gate_proj.weight
     return {"losses": losses, "shard": [type(shard).__name__, str(shard.to_local().device),
-                                        list(shard.to_local().shape)]}
+                                        list(shard.to_local().shape)], "foreach_error": foreach_error}
 
 
 def fsdp(device: torch.device) -> dict:
