@@ -94,8 +94,10 @@ COLUMNS: list[tuple[str, str, str]] = [
     ("located_op", "str", "diagnose: first ATen op whose result differs or raises"),
     ("repro_path", "str", "diagnose: standalone repro script"),
     ("cause", "str", "compile_fail/fail_to_run rows: backend (the control works) | upstream (it fails too); "
-                     "control = aot_eager on CPU (compiled), the CPU baseline (eager); empty otherwise"),
-    ("control_error", "str", "upstream rows: how the control failed, 'Type: message'"),
+                     "control = aot_eager on CPU (compiled), the CPU baseline (eager); compiled fail_accuracy "
+                     "rows: the same control judged by the numerics rule; empty otherwise"),
+    ("control_error", "str", "upstream rows: how the control failed, 'Type: message' (accuracy: 'aot_eager on "
+                             "CPU fails the rule too: ...')"),
     ("backend", "str", "which backend served tpu, e.g. hf_tpu-jax-cpu or torch_tpu"),
     ("versions", "str", "package versions: torch=..;jax=..;transformers=..;diffusers=.."),
     ("timestamp", "str", "UTC ISO-8601 time the row was written"),

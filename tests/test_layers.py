@@ -59,7 +59,7 @@ HARNESS_LAYERS: list[tuple[str, list[str]]] = [
     ("the model zoo", ["harness.zoo", "harness.zoo.*"]),
     ("calling an entry", ["harness.entry_calls"]),
     ("the figures and tables of a run", ["harness.ci.coverage", "harness.ci.verdicts", "harness.ci.performance",
-                                         "harness.upstream.table"]),
+                                         "harness.ci.causes", "harness.upstream.table"]),
     ("the sweep's parts: numerics, results, devices, phases", ["harness.sweep", "harness.sweep.*"]),
     ("diagnosis of failures", ["harness.diagnose", "harness.diagnose.*"]),
     ("running a sweep", ["harness.sweep.runner", "harness.sweep.worker", "harness.sweep.executors",

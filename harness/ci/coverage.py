@@ -22,6 +22,7 @@ import pandas as pd
 
 from harness import schema
 from harness.ci import performance
+from harness.ci.causes import causes_markdown
 from harness.ci.verdicts import verdicts_markdown
 from harness.core.tables import Figure, fmt_num, fmt_pct, md_cell  # noqa: F401 - re-exported
 
@@ -293,7 +294,8 @@ def configuration(df: pd.DataFrame) -> str:
 
 
 def coverage_markdown(df: pd.DataFrame, worst: int = 20) -> str:
-    """coverage.md: headline figures, coverage by mode/task/library, crash table, worst numerics."""
+    """coverage.md: headline figures, coverage by mode/task/library, crash table, verdicts, the cause of each row
+    that is no numerics proof (harness.ci.causes), worst numerics."""
     h = headline(df)
     lines = [
         "# Coverage",
@@ -362,6 +364,9 @@ def coverage_markdown(df: pd.DataFrame, worst: int = 20) -> str:
     verdicts = verdicts_markdown(df)
     if verdicts:
         lines += ["", verdicts.rstrip("\n")]
+    causes = causes_markdown(df)  # each row that is no numerics proof, with its cause (harness/ci/causes.yaml)
+    if causes:
+        lines += ["", causes.rstrip("\n")]
     wn = worst_numerics(df, worst)
     lines += ["", f"## Worst numerics (top {len(wn)})", ""]
     if wn.empty:

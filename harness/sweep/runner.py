@@ -151,10 +151,35 @@ def run_entry(entry, modes: tuple[str, ...], opts: SweepOptions, device: Device,
             # after the row is sent: a control that kills the worker costs the cause, never the row
             emit("phase", "control")
             emit("cause", {"mode": mode, **control.attribute(mode, built, opts, dtype if low_precision else None,
-                                                             rebuild)})
+                                                             rebuild, lambda: _baseline_context(opts))})
+        elif row.get("status") in control.ACCURACY_CONTROLLED and mode == "compiled":
+            emit("phase", "control")
+            cause = control.attribute_accuracy(
+                mode, built, opts.seed, lambda out: _rule_fails(ref, out, fp64, tol),
+                dtype if low_precision else None, rebuild,
+                lambda: _baseline_context(opts))
+            if cause:
+                emit("cause", {"mode": mode, **cause})
     if "train" in phases:
         run_train_phase(entry, built, modes, opts, device, tol, dtype if low_precision else None, rebuild, emit,
                         skip_reference, overrides)
+
+
+def _rule_fails(ref: dict, out: dict, fp64: dict | None, tol: numerics.Tolerance) -> str:
+    """'' when `out` passes the numerics rule against the baseline `ref`, else the rule's reason."""
+    cmp = numerics.compare_outputs(ref, to_cpu(out), fp64, tol, tol.tie_sizes)
+    return "" if cmp.match else (cmp.reason or "fails")
+
+
+def _baseline_context(opts: SweepOptions):
+    """What the CPU baseline ran inside: its matmul precision and the shared draws (a control compared with it
+    must draw the same numbers)."""
+    import contextlib
+
+    stack = contextlib.ExitStack()
+    stack.enter_context(emulate.matmul_precision(opts.precision))
+    stack.enter_context(draws.shared_draws(opts.seed))
+    return stack
 
 
 def run_train_phase(entry, built, modes: tuple[str, ...], opts: SweepOptions, device: Device,

@@ -19,6 +19,9 @@ runs and the status is the backend's:
     opaque      calls a custom op without a fake (meta) kernel: Dynamo cannot trace it for any backend, so it
                 is `compile_fail` with cause `upstream` (aot_eager on CPU fails too); `compile` is the
                 `cause=backend` case (only the backend refuses it)
+    tracediff   computes something else while Dynamo traces it (as Transformers' Aimv2 and PaliGemma build
+                their attention masks): compiled `fail_accuracy` with cause `upstream` (aot_eager on CPU fails
+                the rule too); `perturb` is the `cause=backend` case
     recompile   a `pass` whose forward reads a call counter (a Python int attribute): compiled mode traces a new
                 graph on every call, so the row is flagged `recompiles` in steady state
     pipeline    a `pass` whose model is not a torch.nn.Module but a callable holding one, called under no_grad
@@ -41,13 +44,13 @@ from typing import Any
 from harness.zoo.entry import ZooEntry
 
 KINDS = ("pass", "raise", "compile", "abort", "sleep", "oom", "perturb", "baseline", "missing", "slow", "opaque",
-         "stateful", "recompile", "nullgrad", "pipeline")
+         "stateful", "recompile", "nullgrad", "pipeline", "tracediff")
 DEFAULT_SET = ("pass", "raise", "compile", "abort", "sleep", "oom", "perturb", "baseline", "missing")
 EXPECTED_STATUS = {
     "pass": "pass", "raise": "fail_to_run", "compile": "compile_fail", "abort": "crash", "sleep": "timeout",
     "oom": "oom", "perturb": "fail_accuracy", "baseline": "baseline_fail", "missing": "not_available",
     "slow": "pass", "opaque": "compile_fail", "stateful": "pass",
-    "recompile": "pass", "nullgrad": "pass", "pipeline": "pass",
+    "recompile": "pass", "nullgrad": "pass", "pipeline": "pass", "tracediff": "fail_accuracy",
 }
 _SPEC_RE = re.compile(r"^([a-z]+)(?:\*(\d+))?$")
 
@@ -155,6 +158,8 @@ def _make_model(kind: str):
                     hog.append(torch.ones(64 * 2**20 // 4))
                     time.sleep(0.005)
             if kind == "perturb" and backend:
+                out = out + 1e-2
+            if kind == "tracediff" and torch.compiler.is_compiling():
                 out = out + 1e-2
             if kind == "slow":
                 time.sleep(0.4 if not torch.compiler.is_compiling() else 0)

@@ -122,7 +122,12 @@ RULES: dict[str, Rule] = {
                                    "stage_block_out_channels": [[16], [16], [32], [64]],
                                    "stage_block_in_channels": [[1], [16], [16], [32]], "hidden_size": 64,
                                    "fine_fusion_dims": [64, 32, 16], "num_attention_heads": 8,
-                                   "num_key_value_heads": 8}, inputs=_image_pairs),
+                                   "num_key_value_heads": 8,
+                                   # at random init no coarse match clears the default 0.2 confidence (the
+                                   # dual-softmax scores are ~1/4096 each) and the 2-cell border removal leaves
+                                   # 4 of the 8 x 8 cells: matching_scores were all zeros (uninformative)
+                                   "coarse_matching_threshold": 0.0, "coarse_matching_border_removal": 0},
+                           inputs=_image_pairs),
     # EfficientNet's last conv width is round_filters(1280) at the shrunk width coefficient, not hidden_dim.
     "efficientnet": Rule(config={"hidden_dim": 320}),
     # Emu3 maps VQ codes to BPE tokens through the tokenizer's vocabulary (vocabulary_map, None in the default
@@ -273,8 +278,11 @@ RULES: dict[str, Rule] = {
                              "lsh_attn_chunk_length": 4, "local_attn_chunk_length": 4, "num_buckets": 2}),
     # SAM adds the image encoder neck (output_channels) and its positional encoding (2 * num_pos_feats) to
     # prompt embeddings of hidden_size; SAM-HQ's mask decoder also reads the encoder's width (vit_dim).
-    "sam": Rule(config={"vision_config": {"output_channels": 64, "num_pos_feats": 32}}),
-    "sam_hq": Rule(config={"vision_config": {"output_channels": 64, "num_pos_feats": 32},
+    # Their vision configs initialise weights with std 1e-10 (initializer_range): the image reached the neck at
+    # ~1e-13 beside the position embedding's 0.02, and the masks were bit-identical for any image (issue 32's
+    # uninformative rows); transformers' usual 0.02 lets the image through.
+    "sam": Rule(config={"vision_config": {"output_channels": 64, "num_pos_feats": 32, "initializer_range": 0.02}}),
+    "sam_hq": Rule(config={"vision_config": {"output_channels": 64, "num_pos_feats": 32, "initializer_range": 0.02},
                            "mask_decoder_config": {"vit_dim": 64}}),
     # Sapiens2's dense-prediction heads are described only by checkpoint configs (no default upsampling stack).
     "sapiens2": Rule(config={"head_config": {"upsample_out_channels": [32, 16], "conv_out_channels": [16]}}),

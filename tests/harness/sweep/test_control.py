@@ -4,7 +4,7 @@ aot_eager on CPU fails too, cause=upstream), in process and through a sweep's wo
 
 from __future__ import annotations
 
-from harness.sweep import testzoo
+from harness.sweep import control, testzoo
 from harness.sweep.device import get_device
 from harness.sweep.runner import run_entry
 from harness.sweep.worker import Death, Task, merge_cause, resolve_death
@@ -70,3 +70,40 @@ def test_sweep_through_workers_writes_cause(tmp_path) -> None:
     assert "**crash-free**: 66.7% (4/6)" in md and "**crash-free where the control works**: 80.0% (4/5)" in md
     crashes = (tmp_path / "run" / "crashes.md").read_text()
     assert crashes.index("| backend |") < crashes.index("| upstream |")
+
+
+def test_compiled_accuracy_failure_under_aot_eager_too_is_cause_upstream(cpu_opts) -> None:
+    """A model that computes something else while Dynamo traces it (Aimv2's and PaliGemma's masks in
+    Transformers): no backend can match its eager baseline compiled, and the control says so."""
+    rows = _rows("tracediff", cpu_opts)
+    assert rows["eager"]["status"] == "pass" and "cause" not in rows["eager"]
+    assert rows["compiled"]["status"] == "fail_accuracy"
+    assert rows["compiled"]["cause"] == "upstream"
+    assert rows["compiled"]["control_error"].startswith("aot_eager on CPU fails the rule too: logits")
+
+
+def test_compiled_accuracy_failure_of_the_backend_only_is_cause_backend(cpu_opts) -> None:
+    rows = _rows("perturb", cpu_opts)  # +1e-2 on the backend only: aot_eager on CPU matches the baseline
+    assert rows["compiled"]["status"] == "fail_accuracy"
+    assert rows["compiled"]["cause"] == "backend" and rows["compiled"]["control_error"] == ""
+    assert rows["eager"]["status"] == "fail_accuracy" and "cause" not in rows["eager"]  # no control in eager
+
+
+def test_control_traces_through_the_modes_shared_draws() -> None:
+    """VITS: with the shared-draws TorchFunctionMode active, Dynamo fails on NumPy arithmetic in a forward
+    (`'ndarray' object has no attribute 'sub'`, a Dynamo bug). The compiled mode runs inside that mode, so its
+    control must too: without it the control worked and the row was wrongly the backend's."""
+    import numpy as np
+    import torch
+
+    from harness.sweep.draws import shared_draws
+    from harness.zoo.entry import BuiltEntry
+
+    class NumpyConst(torch.nn.Module):
+        def forward(self, x):
+            return x * float(np.log(np.exp(1 - 1e-3) - 1))
+
+    built = BuiltEntry(model=NumpyConst(), inputs={"x": torch.ones(3)})
+    assert control.run_control(built) is None
+    exc = control.run_control(built, context=lambda: shared_draws(0))
+    assert exc is not None and "fake tensor" in str(exc)

@@ -168,3 +168,66 @@ def test_calibration_that_leaves_the_model_chaotic_is_reverted():
     assert all(torch.equal(before[k], v) for k, v in built.model.state_dict().items())
     healthy = _built(_stack())
     assert keep_alive(healthy, 0) and healthy.notes["calibrated_batch_norms"]["float64_drift"] < 1e-5
+
+
+# ------------------------------------------------------------------------ selections over constant scores
+class _Detector(torch.nn.Module):
+    """As the RT-DETR family: a dead conv backbone leaves the query scores a constant bias, `topk` selects
+    among exact ties, while another output (the anchors) stays alive so the model is not dead as a whole."""
+
+    def __init__(self):
+        super().__init__()
+        self.body = _stack()
+        self.score = torch.nn.Linear(8, 1)
+        torch.nn.init.constant_(self.score.bias, -4.6)
+        self.anchor = torch.nn.Parameter(torch.randn(64, 2, generator=torch.Generator().manual_seed(3)))
+
+    def forward(self, pixel_values):
+        memory = self.body(pixel_values).flatten(2).transpose(1, 2)  # (B, 64, 8)
+        scores = self.score(memory).squeeze(-1)
+        idx = torch.topk(scores, 4, dim=1).indices
+        boxes = self.anchor[idx] + memory.gather(1, idx.unsqueeze(-1).expand(-1, -1, 8))[..., :2]
+        return {"pred_boxes": boxes, "anchors": self.anchor.expand(pixel_values.shape[0], -1, -1)}
+
+
+def test_selection_over_constant_scores_is_calibrated():
+    from harness.zoo.norm_calibration import ConstantSelections
+
+    x = torch.randn(2, 8, 8, 8, generator=torch.Generator().manual_seed(1))
+    built = BuiltEntry(model=_Detector().eval(), inputs={"pixel_values": x})
+    with ConstantSelections() as watch, torch.no_grad():
+        assert not dead(_out(built))  # the anchors keep it alive: the dead-outputs rule alone would not act
+    assert watch.seen and "topk" in watch.seen[0]
+    assert keep_alive(built, 0).startswith("selection over constant scores: topk")
+    from harness.zoo.norm_calibration import SELECTION_ILL_CONDITIONED
+
+    assert built.notes["calibrated_batch_norms"]["float64_drift"] < SELECTION_ILL_CONDITIONED
+    with ConstantSelections() as watch, torch.no_grad():
+        _out(built)
+    assert watch.seen == []  # the scores now rank something
+
+
+def test_selection_over_live_scores_is_left_alone():
+    from harness.zoo.norm_calibration import ConstantSelections
+
+    with ConstantSelections() as watch:
+        torch.topk(torch.tensor([[0.5, 0.5, 0.1]]), 2)  # a tie between some scores is not a constant score map
+        torch.topk(torch.zeros(4, 1), 1)  # one candidate per row (Informer's sparsity scores): no choice made
+        torch.sort(torch.tensor([[1.0, 1.0], [2.0, 2.0], [3.0, 3.0]]), dim=0)  # constant only across the dim ranked
+        torch.argmax(torch.tensor([1.0, 1.0, 1.0]))
+    assert watch.seen == ["argmax(3,) over constant 1"]
+
+
+@pytest.mark.parametrize("entry_id, calibrated", [("transformers/pp_doclayout_v3/PPDocLayoutV3Model", True),
+                                                  ("transformers/d_fine/DFineModel", False)])
+def test_detr_family_selection_rule(entry_id, calibrated):
+    """PP-DocLayout V3's query scores were one constant (84 exact ties for 16 queries: every kernel picked other
+    queries, 10 false fail_accuracy rows); calibrated it is well-conditioned. D-FINE calibrated comes out near
+    the reference bound (an eager row failed on float32 noise), so it stays as built."""
+    from harness.zoo.registry import transformers_entries
+
+    (entry,) = [e for e in transformers_entries() if e.id == entry_id]
+    built = entry.build(0)
+    assert ("calibrated_batch_norms" in built.notes) == calibrated
+    note = built.notes.get("calibrated_batch_norms") or built.notes.get("calibration_reverted")
+    assert note["was"].startswith("selection over constant scores: topk")
