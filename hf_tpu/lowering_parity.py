@@ -11,6 +11,7 @@ decomposition table has a usable one:
                     (PyTorch's decomposition computes half types in float32 and rounds once)
   as_strided_scatter -> a scatter at the strided positions (PyTorch's decomposition recursed forever on tpu)
   adaptive_max_pool2d/3d -> windows gathered and masked (PyTorch's decomposition takes only divisible sizes)
+  linalg_lu, lu_unpack -> lax.linalg.lu / LAPACK's row swaps, P built from its permutation (torchax's slices by a traced size)
   polygamma      -> lax.polygamma with the arguments in the right order; digamma's pole as PyTorch's
   native_batch_norm, _native_batch_norm_legit_functional/_no_training -> CPU's kernel: statistics in float32
                     (returned in float32 for half inputs, as CPU does), x * alpha + beta per channel
@@ -325,6 +326,47 @@ def _zeros(size: Any, *, dtype: torch.dtype | None = None, **_: Any) -> Any:
     from hf_tpu import dtypes
 
     return _jax().numpy.zeros(tuple(int(s) for s in size), dtypes.to_jax(dtype or torch.get_default_dtype()))
+
+
+@lowers(aten.linalg_lu.default)
+def _linalg_lu(a: Any, *, pivot: bool = True) -> tuple[Any, Any, Any]:
+    """P, L, U with A = P @ L @ U from XLA's partial-pivoting LU (LAPACK's getrf on CPU, as torch's), batched and
+    rectangular; torchax's slices with a traced size."""
+    jax = _jax()
+    jnp = jax.numpy
+    if not pivot:
+        raise RuntimeError("linalg.lu_factor: LU without pivoting is not implemented on the CPU")
+    m, n = a.shape[-2:]
+    k = min(m, n)
+    lu, _, perm = jax.lax.linalg.lu(a)
+    lower = jnp.tril(lu[..., :, :k], -1) + jnp.eye(m, k, dtype=a.dtype)
+    upper = jnp.triu(lu[..., :k, :])
+    p = jnp.swapaxes(jax.nn.one_hot(perm, m, dtype=a.dtype), -1, -2)  # A[perm] = L @ U, so P[perm[i], i] = 1
+    return p, lower, upper
+
+
+@lowers(aten.lu_unpack.default)
+def _lu_unpack(lu: Any, pivots: Any, unpack_data: bool = True, unpack_pivots: bool = True) -> tuple[Any, Any, Any]:
+    """P, L, U from LAPACK's packed LU and 1-based row swaps (torchax's slices by a traced size)."""
+    jax = _jax()
+    jnp = jax.numpy
+    m, n = lu.shape[-2:]
+    k = min(m, n)
+    batch = lu.shape[:-2]
+    empty = jnp.zeros((0,), lu.dtype)
+    lower = jnp.tril(lu[..., :, :k], -1) + jnp.eye(m, k, dtype=lu.dtype) if unpack_data else empty
+    upper = jnp.triu(lu[..., :k, :]) if unpack_data else empty
+    if not unpack_pivots:
+        return empty, lower, upper
+    ar = jnp.arange(m)
+
+    def swap(i: Any, perm: Any) -> Any:  # the i-th LAPACK row swap, applied to the row order so far
+        b = pivots[..., i].astype(perm.dtype) - 1
+        pi, pb = perm[..., i], jnp.take_along_axis(perm, b[..., None], -1)[..., 0]
+        return jnp.where(ar == i, pb[..., None], jnp.where(ar == b[..., None], pi[..., None], perm))
+
+    perm = jax.lax.fori_loop(0, min(k, pivots.shape[-1]), swap, jnp.broadcast_to(ar, batch + (m,)))
+    return jnp.swapaxes(jax.nn.one_hot(perm, m, dtype=lu.dtype), -1, -2), lower, upper
 
 
 lowers(aten._native_batch_norm_legit_no_training.default)(

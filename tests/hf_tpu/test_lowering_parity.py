@@ -107,3 +107,21 @@ def test_batch_norm_updates_running_stats_like_cpu() -> None:
     F.batch_norm(x, m, v, training=True, momentum=0.3)
     F.batch_norm(x.to("tpu"), tm, tv, training=True, momentum=0.3)
     op_parity.compare([m, v], [tm, tv])
+
+
+@pytest.mark.usefixtures("highest")
+@pytest.mark.parametrize("shape", [(4, 4), (2, 3, 5), (5, 3)], ids=str)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.complex64], ids=str)
+def test_lu_and_lu_unpack_match_cpu(shape: tuple[int, ...], dtype: torch.dtype) -> None:
+    """linalg.lu (batched, rectangular) and lu_unpack of CPU's packed factors: CPU's P, L, U; L and U's gradients."""
+    a = torch.randn(*shape, dtype=dtype, generator=torch.Generator().manual_seed(0))
+    op_parity.compare(torch.linalg.lu(a), torch.linalg.lu(a.to("tpu")))
+    lu, piv = torch.linalg.lu_factor(a)
+    op_parity.compare(torch.lu_unpack(lu, piv), torch.lu_unpack(lu.to("tpu"), piv.to("tpu")))
+    if dtype == torch.float32:
+        x, t = a.clone().requires_grad_(), a.to("tpu").requires_grad_()
+        _, lo, up = torch.linalg.lu(x)
+        _, tlo, tup = torch.linalg.lu(t)
+        (g,) = torch.autograd.grad(lo.sum() + (up * 2).sum(), x)
+        (tg,) = torch.autograd.grad(tlo.sum() + (tup * 2).sum(), t)
+        op_parity.compare(g, tg)
