@@ -226,7 +226,8 @@ def print_summary(summary: dict) -> None:
     """One table: every model, kind and mode against CPU eager (medians over rounds, min-max spread)."""
     if not summary:
         return
-    print("\n| model | run | mode | time ms (median, min-max) | vs CPU | peak RSS GB | vs CPU |")
+    print("\n| model | run | mode | time ms (median, min-max) | vs CPU (rounds min-max) | peak RSS GB | vs CPU "
+          "(rounds min-max) |")
     print("|---|---|---|---|---|---|---|")
     for (model, kind, mode), rows in summary.items():
         base = summary.get((model, kind, "cpu"))
@@ -237,6 +238,11 @@ def print_summary(summary: dict) -> None:
             bt = statistics.median(s for s, _ in base) * 1e3
             bm = statistics.median(g for _, g in base)
             vt, vm = f"{statistics.median(secs) / bt:.2f}x", f"{statistics.median(gbs) / bm:.2f}x"
+            if len(rows) > 1 and len(base) == len(rows):  # round i of each mode ran side by side: paired ratios
+                tr = [s / b for (s, _), (b, _) in zip(rows, base, strict=True)]
+                mr = [g / b for (_, g), (_, b) in zip(rows, base, strict=True)]
+                vt += f" ({min(tr):.2f}-{max(tr):.2f})"
+                vm += f" ({min(mr):.2f}-{max(mr):.2f})"
         print(f"| {model} | {kind} | {mode} | {statistics.median(secs):.0f} ({min(secs):.0f}-{max(secs):.0f}) | {vt} "
               f"| {statistics.median(gbs):.2f} ({min(gbs):.2f}-{max(gbs):.2f}) | {vm} |", flush=True)
 

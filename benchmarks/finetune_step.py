@@ -104,6 +104,7 @@ def main() -> None:
             res = run_one(mode, args)
             if res is None:
                 continue
+            res["round"] = r
             results[mode].append(res)
             print(f"round {r + 1} {mode}: {res['median_s']:.3f} s/step (first {res['first_s']:.1f} s), "
                   f"peak RSS {res['peak_rss_gb']:.2f} GB", file=sys.stderr, flush=True)
@@ -116,7 +117,8 @@ def main() -> None:
     print(f"\nFine-tuning step, {size} ({params:.1f}M params), batch {args.batch} x {args.seq}, AdamW(fused=True), "
           f"bfloat16 autocast; {args.warmup} warm-up + {args.steps} timed steps per process, {args.rounds} "
           f"process(es) per mode\n")
-    print("| mode | step s (median) | spread (min-max) | first step s | peak RSS GB | vs CPU time | vs CPU RSS |")
+    print("| mode | step s (median) | spread (min-max) | first step s | peak RSS GB | vs CPU time (rounds min-max) | "
+          "vs CPU RSS (rounds min-max) |")
     print("|---|---|---|---|---|---|---|")
     base = results.get("cpu") or None
     base_t = statistics.median(r["median_s"] for r in base) if base else None
@@ -129,6 +131,14 @@ def main() -> None:
         m = statistics.median(r["peak_rss_gb"] for r in rs)
         vt = f"{t / base_t:.2f}x" if base_t else "-"
         vm = f"{m / base_m:.2f}x" if base_m else "-"
+        if base and mode != "cpu" and len(rs) > 1:  # each round's ratio to that round's CPU: min-max
+            cpu_by_round = {r["round"]: r for r in base}
+            pairs = [(r, cpu_by_round[r["round"]]) for r in rs if r["round"] in cpu_by_round]
+            if pairs:
+                tr = [a["median_s"] / b["median_s"] for a, b in pairs]
+                mr = [a["peak_rss_gb"] / b["peak_rss_gb"] for a, b in pairs]
+                vt += f" ({min(tr):.2f}-{max(tr):.2f})"
+                vm += f" ({min(mr):.2f}-{max(mr):.2f})"
         print(f"| {mode} | {t:.3f} | {lo:.3f}-{hi:.3f} | {first:.1f} | {m:.2f} | {vt} | {vm} |")
     for mode in failed:
         print(f"| {mode} | failed (see stderr) | | | | | |")
