@@ -1,11 +1,11 @@
 """Run under `torchrun --nproc_per_node=2` by test_distributed.py:
-`distributed_child.py tpu|cpu ddp|tp|fsdp|collectives`.
+`distributed_child.py tpu|cpu ddp|tp|fsdp|collectives`, or `distributed_child.py tpu tp_plan MODEL_DIR`.
 
 ddp: DDP trains a tiny Llama 3 steps, each rank on tpu:LOCAL_RANK with backend="tpu_dist" (or on CPU with
 gloo, the reference); prints the losses and a weight checksum. collectives: all_reduce,
 all_gather_into_tensor, reduce_scatter_tensor, broadcast, all_to_all and all_to_all_single on tensors of
-tpu:LOCAL_RANK (or CPU), printing their results. tp: DTensor tensor parallelism of the MLPs; fsdp: FSDP2
-(below). One JSON line per rank."""
+tpu:LOCAL_RANK (or CPU), printing their results. tp: DTensor tensor parallelism of the MLPs; fsdp: FSDP2;
+tp_plan: Transformers' own tensor parallelism (below). One JSON line per rank."""
 
 from __future__ import annotations
 
@@ -168,8 +168,31 @@ def collectives(device: torch.device) -> dict:
     return out
 
 
+IDS = [[5, 17, 42, 8, 91, 3, 66, 20], [7, 7, 30, 61, 2, 88, 14, 50]]
+
+
+def tp_plan_auto(path: str) -> dict:
+    """`from_pretrained(path, tp_plan="auto")` as a user's script under torchrun does it: Transformers starts
+    the process group (tpu's default backend, tpu_dist) and binds each rank's device itself, then splits the
+    model with its own plan (DTensors over the two ranks); the logits of IDS."""
+    import hf_tpu
+    import transformers
+
+    hf_tpu.set_matmul_precision("highest")
+    model = transformers.AutoModelForCausalLM.from_pretrained(path, tp_plan="auto")
+    with torch.no_grad():
+        logits = model(torch.tensor(IDS).to(model.device)).logits
+    weight = model.model.layers[0].mlp.gate_proj.weight
+    return {"device": str(model.device), "logits": logits.cpu().tolist(),
+            "shard": [type(weight).__name__, str(weight.to_local().device), list(weight.to_local().shape)]}
+
+
 if __name__ == "__main__":
     kind, what = sys.argv[1], sys.argv[2]
+    if what == "tp_plan":
+        result = {"rank": int(os.environ["RANK"]), **tp_plan_auto(sys.argv[3])}
+        print("RESULT " + json.dumps(result), flush=True)
+        sys.exit(0)
     device = _setup(kind)
     run = {"ddp": ddp, "tp": tensor_parallel, "fsdp": fsdp, "collectives": collectives}[what]
     result = {"rank": dist.get_rank(), **run(device)}

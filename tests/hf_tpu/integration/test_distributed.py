@@ -17,11 +17,11 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[2]
 
 
-def _torchrun(kind: str, what: str) -> list[dict]:
+def _torchrun(kind: str, what: str, *extra: str) -> list[dict]:
     env = {k: v for k, v in os.environ.items() if k not in ("HF_TPU_NUM_DEVICES", "TORCH_TPU_DEVICES_PER_HOST")}
     env.update(HF_HUB_OFFLINE="1", PYTHONPATH=os.pathsep.join([str(ROOT), str(HERE), env.get("PYTHONPATH", "")]))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
-           f"--master_port={random.randint(20000, 40000)}", str(HERE / "distributed_child.py"), kind, what]
+           f"--master_port={random.randint(20000, 40000)}", str(HERE / "distributed_child.py"), kind, what, *extra]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env)
     # the two ranks share torchrun's stdout, so their lines may run together: decode from each marker
     decoder = json.JSONDecoder()
@@ -72,3 +72,25 @@ def test_fsdp2_fully_shard_trains_as_gloo_on_cpu() -> None:
         assert t["freed_bytes"][0] > 0 and t["freed_bytes"][1] == c["freed_bytes"][1] == 0  # freed, as on CPU
         assert max(abs(a - b) for a, b in zip(c["losses"], t["losses"], strict=True)) < 1e-5
         assert max(abs(a - b) for a, b in zip(c["weights"], t["weights"], strict=True)) < 1e-4
+
+
+@pytest.mark.slow
+def test_from_pretrained_tp_plan_auto_gives_cpu_logits(tmp_path) -> None:
+    """Transformers' tensor parallelism (`tp_plan="auto"`, the model's own plan) on tpu under torchrun: a tiny
+    Llama saved offline, loaded split over two ranks, gives the unsplit CPU model's logits."""
+    import torch
+    import transformers
+    from _hf_tiny import llama
+
+    from distributed_child import IDS
+
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(llama()).eval()
+    model.save_pretrained(tmp_path)
+    with torch.no_grad():
+        want = model(torch.tensor(IDS)).logits
+    for rank, row in enumerate(_torchrun("tpu", "tp_plan", str(tmp_path))):
+        # Transformers binds each rank to the current tpu device (torch_tpu gives a process one chip, tpu:0)
+        assert row["device"] == "tpu:0" and row["shard"] == ["DTensor", "tpu:0", [32, 32]], row
+        got = torch.tensor(row["logits"])
+        assert got.shape == want.shape and (got - want).abs().max().item() < 1e-5, rank
