@@ -163,6 +163,8 @@ def main() -> int:
                     help="the union of these shards of N as one sweep (e.g. 1,11,21,31/40: issue 13's sample)")
     ap.add_argument("--retry-timeouts", action="store_true",
                     help="after each configuration, run its timed-out entries again (timed apart)")
+    ap.add_argument("--phases", default=None,
+                    help="the sweep's --phases (e.g. inference,train: issue 27's target is both phases in 120 min warm)")
     ap.add_argument("--work", default=None, help="keep outputs and caches in this directory")
     ap.add_argument("--configs", default=None, help="comma-separated among " + ", ".join(CONFIGS))
     ap.add_argument("--full-zoo-size", type=int, default=None, help="entries in the full zoo (default: counted)")
@@ -196,7 +198,7 @@ def main() -> int:
             ap.error("--shards cannot be combined with --match, --shard or --sample")
         args.match = shards_match(args.zoo, args.shards)
     extra = (["--limit", str(args.limit)] if args.limit else []) + (["--match", args.match] if args.match else []) \
-        + (["--shard", args.shard] if args.shard else [])
+        + (["--shard", args.shard] if args.shard else []) + (["--phases", args.phases] if args.phases else [])
     if args.work:
         work = Path(args.work).resolve()
         work.mkdir(parents=True, exist_ok=True)
