@@ -142,7 +142,7 @@ def run_entry(entry, modes: tuple[str, ...], opts: SweepOptions, device: Device,
     for mode in (modes if "inference" in phases else ()):
         emit("phase", mode)
         row = {**rows[mode], **run_mode(mode, built, ref, fp64, opts, device, tol, dtype if low_precision else None,
-                                        rebuild, noisy_fp64)}
+                                        rebuild, noisy_fp64, drew=bool(drawn.drew))}
         if getattr(opts, "diagnose", False) and opts.device == "tpu" and row.get("status") in DIAGNOSED:
             emit("phase", mode)  # a fresh --timeout budget for the diagnosis (about 3 runs of the entry)
             row.update(diagnose(entry, built, mode, opts, ref, fp64, overrides))
@@ -151,13 +151,13 @@ def run_entry(entry, modes: tuple[str, ...], opts: SweepOptions, device: Device,
             # after the row is sent: a control that kills the worker costs the cause, never the row
             emit("phase", "control")
             emit("cause", {"mode": mode, **control.attribute(mode, built, opts, dtype if low_precision else None,
-                                                             rebuild, lambda: _baseline_context(opts))})
+                                                             rebuild, lambda: _baseline_context(opts, bool(drawn.drew)))})
         elif row.get("status") in control.ACCURACY_CONTROLLED and mode == "compiled":
             emit("phase", "control")
             cause = control.attribute_accuracy(
                 mode, built, opts.seed, lambda out: _rule_fails(ref, out, fp64, tol),
                 dtype if low_precision else None, rebuild,
-                lambda: _baseline_context(opts))
+                lambda: _baseline_context(opts, bool(drawn.drew)))
             if cause:
                 emit("cause", {"mode": mode, **cause})
     if "train" in phases:
@@ -171,15 +171,24 @@ def _rule_fails(ref: dict, out: dict, fp64: dict | None, tol: numerics.Tolerance
     return "" if cmp.match else (cmp.reason or "fails")
 
 
-def _baseline_context(opts: SweepOptions):
-    """What the CPU baseline ran inside: its matmul precision and the shared draws (a control compared with it
-    must draw the same numbers)."""
+def _baseline_context(opts: SweepOptions, drew: bool = True):
+    """What the CPU baseline ran inside: its matmul precision and, for a model that draws, the shared draws (a
+    control compared with it must draw the same numbers, and trace through the same mode as the mode did)."""
     import contextlib
 
     stack = contextlib.ExitStack()
     stack.enter_context(emulate.matmul_precision(opts.precision))
-    stack.enter_context(draws.shared_draws(opts.seed))
+    stack.enter_context(_draws(opts.seed, drew))
     return stack
+
+
+def _draws(seed: int, drew: bool):
+    """The shared draws for a model whose baseline drew, else nothing: the mode is a TorchFunctionMode, and
+    Dynamo tracing through one fails on NumPy arithmetic in a forward (LightGlue's layer thresholds, VITS's
+    spline constant: "'ndarray' object has no attribute 'sub'"), so a model that draws nothing runs without it."""
+    import contextlib
+
+    return draws.shared_draws(seed) if drew else contextlib.nullcontext()
 
 
 def run_train_phase(entry, built, modes: tuple[str, ...], opts: SweepOptions, device: Device,
@@ -271,7 +280,9 @@ def diagnose(entry, built, mode: str, opts: SweepOptions, ref: dict, fp64: dict 
 
 def run_mode(mode: str, built, ref: dict, fp64: dict | None, opts: SweepOptions, device: Device,
              tol: numerics.Tolerance, dtype=None, rebuild: Callable | None = None,
-             noisy_fp64: dict | None = None) -> dict:
+             noisy_fp64: dict | None = None, drew: bool = True) -> dict:
+    """One mode's row. `drew`: the baseline's forward drew random numbers, so this mode runs inside the shared
+    draws too (harness/sweep/draws.py); else outside them (`_draws`)."""
     import torch
 
     device.reset_stats()
@@ -292,7 +303,7 @@ def run_mode(mode: str, built, ref: dict, fp64: dict | None, opts: SweepOptions,
             torch.manual_seed(opts.seed)
             phase = "first"
             t0 = time.perf_counter()
-            with draws.shared_draws(opts.seed):
+            with _draws(opts.seed, drew):
                 res = to_cpu(output_tensors(fn(model, prepare_inputs(built.inputs, device.name, dtype))))
             first = time.perf_counter() - t0
             counts = [device.stats().get("compilations")]
@@ -303,7 +314,7 @@ def run_mode(mode: str, built, ref: dict, fp64: dict | None, opts: SweepOptions,
                 inputs = prepare_inputs(built.inputs, device.name, dtype)
                 torch.manual_seed(opts.seed)
                 t0 = time.perf_counter()
-                with draws.shared_draws(opts.seed):
+                with _draws(opts.seed, drew):
                     again = to_cpu(output_tensors(fn(model, inputs)))
                 times.append(time.perf_counter() - t0)
                 counts.append(device.stats().get("compilations"))

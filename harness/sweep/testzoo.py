@@ -22,6 +22,9 @@ runs and the status is the backend's:
     tracediff   computes something else while Dynamo traces it (as Transformers' Aimv2 and PaliGemma build
                 their attention masks): compiled `fail_accuracy` with cause `upstream` (aot_eager on CPU fails
                 the rule too); `perturb` is the `cause=backend` case
+    numpy       a `pass` with NumPy arithmetic in its forward (as LightGlue's layer thresholds): Dynamo fails on
+                it under a TorchFunctionMode, so it compiles only if the shared draws stay off for a model that
+                draws nothing
     recompile   a `pass` whose forward reads a call counter (a Python int attribute): compiled mode traces a new
                 graph on every call, so the row is flagged `recompiles` in steady state
     pipeline    a `pass` whose model is not a torch.nn.Module but a callable holding one, called under no_grad
@@ -44,13 +47,13 @@ from typing import Any
 from harness.zoo.entry import ZooEntry
 
 KINDS = ("pass", "raise", "compile", "abort", "sleep", "oom", "perturb", "baseline", "missing", "slow", "opaque",
-         "stateful", "recompile", "nullgrad", "pipeline", "tracediff")
+         "stateful", "recompile", "nullgrad", "pipeline", "tracediff", "numpy")
 DEFAULT_SET = ("pass", "raise", "compile", "abort", "sleep", "oom", "perturb", "baseline", "missing")
 EXPECTED_STATUS = {
     "pass": "pass", "raise": "fail_to_run", "compile": "compile_fail", "abort": "crash", "sleep": "timeout",
     "oom": "oom", "perturb": "fail_accuracy", "baseline": "baseline_fail", "missing": "not_available",
     "slow": "pass", "opaque": "compile_fail", "stateful": "pass",
-    "recompile": "pass", "nullgrad": "pass", "pipeline": "pass", "tracediff": "fail_accuracy",
+    "recompile": "pass", "nullgrad": "pass", "pipeline": "pass", "tracediff": "fail_accuracy", "numpy": "pass",
 }
 _SPEC_RE = re.compile(r"^([a-z]+)(?:\*(\d+))?$")
 
@@ -159,6 +162,10 @@ def _make_model(kind: str):
                     time.sleep(0.005)
             if kind == "perturb" and backend:
                 out = out + 1e-2
+            if kind == "numpy":
+                import numpy as np
+
+                out = out * float(np.clip(0.8 + 0.1 * np.exp(-4.0 * 1 / 9), 0, 1))
             if kind == "tracediff" and torch.compiler.is_compiling():
                 out = out + 1e-2
             if kind == "slow":

@@ -107,3 +107,11 @@ def test_control_traces_through_the_modes_shared_draws() -> None:
     assert control.run_control(built) is None
     exc = control.run_control(built, context=lambda: shared_draws(0))
     assert exc is not None and "fake tensor" in str(exc)
+
+
+def test_model_that_draws_nothing_compiles_outside_the_shared_draws(cpu_opts) -> None:
+    """LightGlue: NumPy arithmetic in a forward made compiled mode fail under the shared-draws mode (a Dynamo
+    bug), though the model draws nothing; outside the mode it compiles and passes."""
+    rows = _rows("numpy", cpu_opts)
+    assert rows["compiled"]["status"] == "pass", rows["compiled"].get("error_message")
+    assert rows["compiled"]["drew"] == ""
