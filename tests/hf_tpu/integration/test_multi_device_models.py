@@ -1,6 +1,7 @@
 """Big-model inference over two tpu devices (HF_TPU_NUM_DEVICES=2, in a fresh process: JAX fixes its device
 count when it starts): `from_pretrained(device_map="auto", max_memory={0: ..., 1: ..., "cpu": ...})` splits
-a tiny Llama over tpu:0 and tpu:1 (and CPU offload) as on CUDA, and its logits and greedy tokens are CPU's."""
+a tiny Llama over tpu:0 and tpu:1 (and CPU offload) as on CUDA, and its logits and greedy tokens are CPU's;
+Diffusers' `device_map="balanced"` spreads a pipeline's components over both, and its images are CPU's."""
 
 from __future__ import annotations
 
@@ -41,3 +42,11 @@ def test_two_tpu_devices_and_cpu_offload(result: dict) -> None:
     assert run["map"] == ["0", "1", "cpu"]
     assert run["logits_err"] <= HIGHEST_RTOL
     assert run["tokens_equal"]
+
+
+def test_diffusers_balanced_pipeline_over_two_tpu_devices(result: dict) -> None:
+    run = result["balanced_pipeline"]
+    assert run["map"] == {"unet": "0", "vae": "1", "text_encoder": "1"}  # largest first, over both devices
+    assert run["param_devices"] == ["tpu:0", "tpu:1"]
+    assert run["images_err"] <= HIGHEST_RTOL
+    assert run["unbudgeted_map"] == ["0"]  # Accelerate's rule for tpu: the current device only
