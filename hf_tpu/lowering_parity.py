@@ -11,6 +11,8 @@ decomposition table has a usable one:
                     (PyTorch's decomposition computes half types in float32 and rounds once)
   as_strided_scatter -> a scatter at the strided positions (PyTorch's decomposition recursed forever on tpu)
   adaptive_max_pool2d/3d -> windows gathered and masked (PyTorch's decomposition takes only divisible sizes)
+  _linalg_solve_ex -> LU and pivots returned too (linalg.solve's and eig's backwards reuse them)
+  _linalg_eigvals -> jnp.linalg.eigvals (geev, CPU's order)
   linalg_lu, lu_unpack -> lax.linalg.lu / LAPACK's row swaps, P built from its permutation (torchax's slices by a traced size)
   polygamma      -> lax.polygamma with the arguments in the right order; digamma's pole as PyTorch's
   native_batch_norm, _native_batch_norm_legit_functional/_no_training -> CPU's kernel: statistics in float32
@@ -343,6 +345,31 @@ def _linalg_lu(a: Any, *, pivot: bool = True) -> tuple[Any, Any, Any]:
     upper = jnp.triu(lu[..., :k, :])
     p = jnp.swapaxes(jax.nn.one_hot(perm, m, dtype=a.dtype), -1, -2)  # A[perm] = L @ U, so P[perm[i], i] = 1
     return p, lower, upper
+
+
+@lowers(aten._linalg_eigvals.default)
+def _linalg_eigvals(a: Any) -> Any:
+    """Eigenvalues (complex, LAPACK geev's order as CPU's); torchax lowers only linalg_eig."""
+    jnp = _jax().numpy
+    return jnp.linalg.eigvals(a).astype(jnp.complex128 if a.dtype in (jnp.float64, jnp.complex128) else jnp.complex64)
+
+
+@lowers(aten._linalg_solve_ex.default)
+def _linalg_solve_ex(a: Any, b: Any, *, left: bool = True, check_errors: bool = False) -> tuple[Any, Any, Any, Any]:
+    """(X, LU, pivots, info) as CPU's: the LU factors (of A, or of A^T when solving from the right) are outputs
+    that linalg.solve's backward reuses; torchax returned None for them."""
+    jax = _jax()
+    jnp = jax.numpy
+    m = a.mT if not left else a
+    lu, piv, _ = jax.lax.linalg.lu(m)
+    vector = b.ndim == a.ndim - 1  # B a (batch of) vector(s)
+    rhs = b[..., None] if vector else b
+    if left:
+        x = jnp.linalg.solve(a, rhs)
+    else:
+        x = jnp.swapaxes(jnp.linalg.solve(m, jnp.swapaxes(rhs, -1, -2)), -1, -2)
+    info = jnp.zeros(a.shape[:-2], jnp.int32)
+    return (x[..., 0] if vector else x), lu, (piv + 1).astype(jnp.int32), info
 
 
 @lowers(aten.lu_unpack.default)

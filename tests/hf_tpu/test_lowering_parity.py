@@ -125,3 +125,16 @@ def test_lu_and_lu_unpack_match_cpu(shape: tuple[int, ...], dtype: torch.dtype) 
         (g,) = torch.autograd.grad(lo.sum() + (up * 2).sum(), x)
         (tg,) = torch.autograd.grad(tlo.sum() + (tup * 2).sum(), t)
         op_parity.compare(g, tg)
+
+
+@pytest.mark.usefixtures("highest")
+@pytest.mark.parametrize("name", ["linalg.eigvals", "linalg.eig", "linalg.solve", "linalg.solve_ex"])
+def test_eigvals_and_solve_gradients_match_cpu(name: str) -> None:
+    """_linalg_eigvals (complex inputs) and _linalg_solve_ex's LU outputs, which the eig and solve backwards
+    reuse: every OpInfo sample, float32 with gradients and complex64."""
+    from torch.testing._internal.common_methods_invocations import op_db
+
+    (op,) = [op for op in op_db if op_parity.pair_name(op) == name]
+    for dtype in (torch.float32, torch.complex64):
+        res = op_parity.check(op, dtype, samples=1000)
+        assert res.forward == "pass" and res.backward in ("pass", None), (dtype, res)
