@@ -91,3 +91,16 @@ def test_malformed_table_is_refused(bad: dict, message: str) -> None:
 
 def test_the_shipped_table_loads() -> None:
     assert causes.load_causes()  # harness/ci/causes.yaml parses and is not empty
+
+
+def test_accepted_full_zoo_has_a_cause_for_every_row_and_no_stale_entry() -> None:
+    """The accepted full zoo (reports/full/accepted): every fail_accuracy, uninformative and run-failure row has
+    a cause (from the table or its control), and every table entry still explains some row (an entry whose row
+    now passes must go, as the finding it records no longer holds)."""
+    from harness.sweep.results import read_csv
+
+    df = read_csv(ACCEPTED)
+    t = causes.explain(df)
+    missing = t[t["cause"] == causes.UNATTRIBUTED]
+    assert missing.empty, missing[["entry_id", "mode", "kind", "evidence"]].to_string()
+    assert [c.match for c in causes.unused(df, causes.load_causes())] == []
