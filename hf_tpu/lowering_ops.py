@@ -200,3 +200,48 @@ def _repeat_interleave(repeats: Any, *, output_size: int | None = None) -> Any:
 
 
 lowers(aten._embedding_bag_forward_only.default)(lambda *a, **k: _embedding_bag(*a, **k, _forward_only=True))
+
+
+def _descending_key(jnp: Any, a: Any) -> tuple[Any, ...]:
+    """Sort keys whose ascending order is CPU's descending comparator `a > b` (NaN first): ~a for integers
+    and bool (monotone, no overflow, unlike -a at the minimum), (not NaN, -a) for floating point."""
+    if jnp.issubdtype(a.dtype, jnp.bool_) or jnp.issubdtype(a.dtype, jnp.integer):
+        return (~a,)
+    return ((~jnp.isnan(a)).astype(jnp.int8), -a)
+
+
+@lowers(aten.sort.default, aten.sort.stable)
+def _sort(a: Any, dim: int = -1, descending: bool = False, stable: bool | None = False) -> tuple[Any, Any]:
+    # Why not torchax's: for an unstable descending sort it reverses the ascending argsort, so tied values come
+    # out in a different order than CPU's, whose kernel runs std::sort with a descending comparator; XLA:CPU's
+    # unstable sort is that same std::sort, so sorting keys that order as that comparator does gives CPU's
+    # indices for ties too (PP-DocLayoutV2 ranks a 0/1 mask with argsort(descending=True)). Ascending and stable
+    # sorts already agree with CPU and keep JAX's path. Signed zeros still order -0.0 < 0.0 (XLA's total order).
+    import jax
+    jnp = _jnp()
+    if a.ndim == 0:
+        return a, jnp.zeros((), jnp.int64)
+    if not descending or stable or jnp.issubdtype(a.dtype, jnp.complexfloating):
+        return (jnp.sort(a, axis=dim, stable=bool(stable), descending=descending),
+                jnp.argsort(a, axis=dim, stable=bool(stable), descending=descending))
+    dim = dim % a.ndim
+    keys = _descending_key(jnp, a)
+    iota = jax.lax.broadcasted_iota(jnp.int64, a.shape, dim)
+    *_, values, indices = jax.lax.sort((*keys, a, iota), dimension=dim, is_stable=False, num_keys=len(keys))
+    return values, indices
+
+
+@lowers(aten._weight_norm_interface_backward.default)
+def _weight_norm_interface_backward(grad_w: Any, saved_v: Any, saved_g: Any, saved_norms: Any,
+                                    dim: int) -> tuple[Any, Any]:
+    # No library lowers it (torchax has none; PyTorch decomposes only the forward), and weight norm is in every
+    # wav2vec2/HuBERT/SEW-D conv positional embedding and Oobleck's VAE: their training failed. The arithmetic is
+    # CPU's WeightNorm kernel: w = g * v / |v| reduced over every dim but `dim`, half types accumulated in float32.
+    jnp = _jnp()
+    acc = jnp.promote_types(saved_v.dtype, jnp.float32)
+    gw, v, g, norms = (t.astype(acc) for t in (grad_w, saved_v, saved_g, saved_norms))
+    axes = tuple(i for i in range(v.ndim) if i != dim % v.ndim)
+    per_dim_sum = jnp.sum(gw * v, axis=axes, keepdims=True)
+    grad_v = (g / norms) * (gw - v * (per_dim_sum / (norms * norms)))
+    grad_g = per_dim_sum / norms
+    return grad_v.astype(saved_v.dtype), grad_g.reshape(saved_g.shape).astype(saved_g.dtype)
