@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+import bare_python
+
 ROOT = Path(__file__).resolve().parents[2]
 PROBE = ("import torch, sys; x = torch.ones(2, device='tpu') + 1; "
          "print(x.cpu().tolist(), getattr(sys.modules.get('torch_tpu._loader'), '__hf_tpu_stand_in__', False))")
@@ -53,10 +55,9 @@ def _run(code: str, pythonpath: list[Path], with_root: bool = True, **env: str) 
                                                            "TORCH_DEVICE_BACKEND_AUTOLOAD")}
     # run outside the work tree: `python -c` puts the working directory first on sys.path, and the tree's
     # _hf_tpu_guard.py would shadow the copy under test
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600,
-                          cwd=ROOT.parent,
-                          env={**base, "PYTHONPATH": os.pathsep.join(map(str, [*pythonpath, *([ROOT] if with_root else [])])),
-                                **env})
+    # and with no start-up files (bare_python): an install's own guard must not stand in for the copy under test
+    return subprocess.run(bare_python.argv(code), capture_output=True, text=True, timeout=600, cwd=ROOT.parent,
+                          env={**base, "PYTHONPATH": bare_python.pythonpath(*pythonpath, with_root=with_root), **env})
 
 
 def _entry_point_order(pythonpath: list[Path]) -> list[str]:

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from hf_tpu import compile_options, runtime
+import bare_python
 
 SCRIPT = r"""
 import json, torch, hf_tpu, hf_tpu.compile_cache as cc
@@ -111,12 +112,12 @@ def test_torch_tpu_without_chips_does_not_kill_import_torch(tmp_path) -> None:
             "from importlib.metadata import EntryPoint; "
             "EntryPoint('torch_tpu', 'torch_tpu._loader:load', 'torch.backends').load()(); "
             "import torch; print(torch.ones(2, device='tpu').cpu().sum().item(), type(torch.tpu).__module__)")
-    env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
-           "TORCH_DEVICE_BACKEND_AUTOLOAD": "0"}
-    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    # no start-up files (bare_python): an installed start-up guard would stub the loader in the control case too
+    env = {**os.environ, "PYTHONPATH": bare_python.pythonpath(tmp_path), "TORCH_DEVICE_BACKEND_AUTOLOAD": "0"}
+    r = subprocess.run(bare_python.argv(code), env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.split() == ["2.0", "hf_tpu.tpu_api"]
     # without hf-tpu's step-in, that loader kills the process, as torch_tpu kills `import torch`
-    r = subprocess.run([sys.executable, "-c", code.replace("a.autoload(); ", "")], env=env, capture_output=True,
+    r = subprocess.run(bare_python.argv(code.replace("a.autoload(); ", "")), env=env, capture_output=True,
                        text=True, timeout=300)
     assert r.returncode != 0 and "TPU_LIBRARY_PATH" in r.stderr
