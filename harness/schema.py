@@ -37,7 +37,10 @@ STATUSES = (
 # Statuses that count against the backend ("crash-free" denominators leave these out).
 EXCLUDED_FROM_DENOMINATOR = ("baseline_fail", "not_available", "skipped")
 RUN_FAILURES = ("fail_to_run", "compile_fail", "timeout", "oom", "crash")
-MODES = ("eager", "fused", "compiled")  # fused: eager with TORCH_TPU_DEFER_AND_FUSE (hf_tpu/fused.py)
+# fused: eager with TORCH_TPU_DEFER_AND_FUSE (hf_tpu/fused.py); tp2: Transformers' tp_plan="auto" over 2 ranks
+# (harness/sweep/tensor_parallel.py), opt-in with --tp 2. A new mode is a new value, not a new column: files of
+# every schema version read as before.
+MODES = ("eager", "fused", "compiled", "tp2")
 # What a sweep runs unless --modes says otherwise (the nightly's). The others are opt-in: their expected
 # results are compared only in runs that swept them (harness/ci/compare.py).
 DEFAULT_MODES = ("eager", "compiled")
@@ -54,7 +57,7 @@ COLUMNS: list[tuple[str, str, str]] = [
     ("model_class", "str", "model class name"),
     ("task", "str", "task family, e.g. causal-lm, image-classification, diffusion"),
     ("phase", "str", "inference | train (harness/sweep/train.py)"),
-    ("mode", "str", "eager | fused | compiled"),
+    ("mode", "str", "eager | fused | compiled | tp2 (tensor-parallel over 2 ranks)"),
     ("precision", "str", "float32 matmul precision on tpu: highest | high | medium"),
     ("dtype", "str", "model dtype: float32 | bfloat16"),
     ("status", "str", "one of STATUSES"),

@@ -23,6 +23,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--phases", default=None, help="comma-separated among inference,train (default inference): "
                    "train runs 3 AdamW steps per entry and mode against CPU (harness/sweep/train.py)")
     g.add_argument("--modes", default=None, help="comma-separated among eager,fused,compiled (default eager,compiled)")
+    g.add_argument("--tp", type=int, default=None, metavar="N",
+                   help="also run each entry tensor-parallel over N ranks (N=2; mode tp2): Transformers' "
+                        "from_pretrained(tp_plan=\"auto\") in N rank processes (backend tpu_dist), logits compared "
+                        "with the CPU baseline and the single-device eager run; a model without "
+                        "base_model_tp_plan is `skipped` (not applicable). Without --modes: eager,tp2 "
+                        "(harness/sweep/tensor_parallel.py)")
     g.add_argument("--precision", default=None, choices=PRECISIONS, help="float32 matmul precision on tpu (default highest)")
     g.add_argument("--dtype", default=None, choices=DTYPES, help="model dtype (default float32); a float8 name stores the weights "
                    "in float8 and computes in bfloat16 (Diffusers' layerwise casting, harness/core/model_dtype.py)")
@@ -93,6 +99,17 @@ def build_options(args) -> SweepOptions:  # noqa: F821
         if not modes or bad:
             raise BadInput(f"bad --modes {args.modes!r}: expected a comma-separated list among {', '.join(MODES)}")
         given["modes"] = tuple(m for m in MODES if m in modes)
+    tp = getattr(args, "tp", None)
+    if tp is not None:
+        from harness.sweep.tensor_parallel import TP_MODES
+
+        mode = f"tp{tp}"
+        if mode not in TP_MODES:
+            raise BadInput(f"bad --tp {tp}: supported: {', '.join(str(n) for n in TP_MODES.values())}")
+        base_modes = given.get("modes", ("eager",))
+        given["modes"] = tuple(m for m in MODES if m in (*base_modes, mode))
+        if "train" in (args.phases or ""):
+            raise BadInput("--tp runs inference only (a tensor-parallel train phase is not built)")
     if args.phases is not None:
         phases = tuple(p.strip() for p in args.phases.split(",") if p.strip())
         bad = [p for p in phases if p not in PHASES]
@@ -168,7 +185,7 @@ def build_options(args) -> SweepOptions:  # noqa: F821
 
 
 def run(args) -> int:
-    from harness.sweep import outputs
+    from harness.sweep import outputs, tensor_parallel
     from harness.sweep.entries import SelectionError, load_entries
     from harness.sweep.executors import WorkerStartupError
     from harness.sweep.numerics import load_overrides
@@ -216,6 +233,8 @@ def run(args) -> int:
         sub = result.df[result.df["mode"] == mode]
         print(f"  {mode:9s} {outputs.headline_text(sub)}")
     print("statuses: " + ", ".join(f"{k} {v}" for k, v in h["statuses"].items()))
+    if any(m in tensor_parallel.TP_MODES for m in opts.modes):
+        print(tensor_parallel.summary_text(result.df))
     if result.resumed:
         print(f"resumed: {result.resumed} entries already written, {result.ran} run now")
     print(f"reports: {result.out}/ (results.csv, coverage.md, crashes.md, numerics.md)")

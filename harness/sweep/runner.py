@@ -25,7 +25,7 @@ from harness.entry_calls import (  # noqa: F401  (re-exported: repro scripts wri
     to_cpu,
 )
 from harness.schema import SCHEMA_VERSION
-from harness.sweep import control, draws, emulate, informative, numerics, perf, ties, train
+from harness.sweep import control, draws, emulate, informative, numerics, perf, tensor_parallel, ties, train
 from harness.sweep.device import Device, backend_phase
 from harness.sweep.options import SweepOptions
 from hf_tpu.precision import cpu_reference
@@ -139,10 +139,17 @@ def run_entry(entry, modes: tuple[str, ...], opts: SweepOptions, device: Device,
         rows[m].update(reference=errors.normalise(reference), uninformative=uninformative, drew=drawn.summary(),
                        ties=tied.summary())
 
+    single: dict = {}  # the single-device outputs by mode, for the tensor-parallel rows
     for mode in (modes if "inference" in phases else ()):
         emit("phase", mode)
+        if mode in tensor_parallel.TP_MODES:  # its own runs, control and cause (harness/sweep/tensor_parallel.py)
+            low = dtype if low_precision else None
+            emit("row", {**rows[mode], **tensor_parallel.run_tp_mode(
+                mode, built, ref, fp64, lambda: single.get("eager") or _single_output(built, opts, device, low, rebuild),
+                opts, tol, bool(drawn.drew))})
+            continue
         row = {**rows[mode], **run_mode(mode, built, ref, fp64, opts, device, tol, dtype if low_precision else None,
-                                        rebuild, noisy_fp64, drew=bool(drawn.drew))}
+                                        rebuild, noisy_fp64, drew=bool(drawn.drew), keep=single)}
         if getattr(opts, "diagnose", False) and opts.device == "tpu" and row.get("status") in DIAGNOSED:
             emit("phase", mode)  # a fresh --timeout budget for the diagnosis (about 3 runs of the entry)
             row.update(diagnose(entry, built, mode, opts, ref, fp64, overrides))
@@ -163,6 +170,19 @@ def run_entry(entry, modes: tuple[str, ...], opts: SweepOptions, device: Device,
     if "train" in phases:
         run_train_phase(entry, built, modes, opts, device, tol, dtype if low_precision else None, rebuild, emit,
                         skip_reference, overrides)
+
+
+def _single_output(built, opts: SweepOptions, device: Device, dtype, rebuild: Callable) -> dict | None:
+    """The single-device eager outputs when no eager row ran (None if that run raises)."""
+    import torch
+
+    try:
+        model = prepare_model(built.model, device.name, dtype, rebuild)
+        with torch.no_grad(), backend_phase():
+            torch.manual_seed(opts.seed)
+            return to_cpu(output_tensors(built.call(model, prepare_inputs(built.inputs, device.name, dtype))))
+    except Exception:  # noqa: BLE001  (the tensor-parallel row is then compared with CPU only, and says so)
+        return None
 
 
 def _rule_fails(ref: dict, out: dict, fp64: dict | None, tol: numerics.Tolerance) -> str:
@@ -280,9 +300,9 @@ def diagnose(entry, built, mode: str, opts: SweepOptions, ref: dict, fp64: dict 
 
 def run_mode(mode: str, built, ref: dict, fp64: dict | None, opts: SweepOptions, device: Device,
              tol: numerics.Tolerance, dtype=None, rebuild: Callable | None = None,
-             noisy_fp64: dict | None = None, drew: bool = True) -> dict:
+             noisy_fp64: dict | None = None, drew: bool = True, keep: dict | None = None) -> dict:
     """One mode's row. `drew`: the baseline's forward drew random numbers, so this mode runs inside the shared
-    draws too (harness/sweep/draws.py); else outside them (`_draws`)."""
+    draws too (harness/sweep/draws.py); else outside them (`_draws`). `keep`: gets keep[mode] = the outputs."""
     import torch
 
     device.reset_stats()
@@ -306,6 +326,8 @@ def run_mode(mode: str, built, ref: dict, fp64: dict | None, opts: SweepOptions,
             with _draws(opts.seed, drew):
                 res = to_cpu(output_tensors(fn(model, prepare_inputs(built.inputs, device.name, dtype))))
             first = time.perf_counter() - t0
+            if keep is not None:
+                keep[mode] = res
             counts = [device.stats().get("compilations")]
             n = opts.repeats if first < 2.0 else (1 if first < 60.0 or mode == "compiled" else 0)
             times = []
