@@ -146,7 +146,7 @@ def run_entry(entry, modes: tuple[str, ...], opts: SweepOptions, device: Device,
             low = dtype if low_precision else None
             emit("row", {**rows[mode], **tensor_parallel.run_tp_mode(
                 mode, built, ref, fp64, lambda: single.get("eager") or _single_output(built, opts, device, low, rebuild),
-                opts, tol, bool(drawn.drew))})
+                opts, tol, bool(drawn.drew), entry.id)})
             continue
         row = {**rows[mode], **run_mode(mode, built, ref, fp64, opts, device, tol, dtype if low_precision else None,
                                         rebuild, noisy_fp64, drew=bool(drawn.drew), keep=single)}

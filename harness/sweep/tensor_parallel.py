@@ -91,7 +91,10 @@ def launch(workdir: Path, n: int, timeout: float, device: str = "tpu") -> tuple[
             if any(p.returncode not in (None, 0) for p in procs):
                 break
             if time.monotonic() > deadline:
-                raise RankFailure("timeout", "Timeout", f"{n} ranks did not finish in {timeout:.0f} s")
+                where = "; ".join(f"rank {r} at {w}" for r in range(n)
+                                  if (w := stuck_at((workdir / f"rank{r}.log").read_text())))
+                raise RankFailure("timeout", "Timeout", f"{n} ranks did not finish in {timeout:.0f} s"
+                                  + (f" ({where})" if where else ""))
             time.sleep(0.2)
     finally:
         for p in procs:
@@ -111,6 +114,24 @@ def launch(workdir: Path, n: int, timeout: float, device: str = "tpu") -> tuple[
             raise RankFailure("crash", f"exit code {p.returncode}", f"rank {r} died: {tail}")
         facts.append(info)
     return [torch.load(workdir / f"out{r}.pt") for r in range(n)], facts
+
+
+def stuck_at(log: str, frames: int = 3) -> str:
+    """The innermost `frames` frames of the rank's main thread in its last faulthandler dump (tp_child's
+    dump_after), 'func (file:line) < ...', or ''."""
+    dump = log.rsplit("Timeout (", 1)
+    if len(dump) < 2:
+        return ""
+    for block in dump[1].split("\nThread ")[1:] or dump[1:]:
+        lines = [ln.strip() for ln in block.splitlines() if ln.strip().startswith("File ")]
+        if any("tp_child.py" in ln for ln in lines):
+            out = []
+            for ln in lines[:frames]:  # File "/path/x.py", line 12 in func
+                path, _, rest = ln[len('File "'):].partition('", line ')
+                line, _, func = rest.partition(" in ")
+                out.append(f"{func} ({Path(path).name}:{line})")
+            return " < ".join(out)
+    return ""
 
 
 def _only(tensors: dict | None) -> dict | None:
@@ -153,7 +174,7 @@ def judge(ref: dict, single: dict | None, outs: list[dict], fp64: dict | None,
 
 
 def run_tp_mode(mode: str, built: Any, ref: dict, fp64: dict | None, single: Callable[[], dict | None],
-                opts: Any, tol: numerics.Tolerance, drew: bool = False) -> dict:
+                opts: Any, tol: numerics.Tolerance, drew: bool = False, entry_id: str = "entry") -> dict:
     """One tensor-parallel row's fields (status, errors, metrics, cause, wall_s). `single()`: the entry's
     single-device tpu outputs (None when that run failed), asked for only when the model has a plan. Never
     raises."""
@@ -163,7 +184,7 @@ def run_tp_mode(mode: str, built: Any, ref: dict, fp64: dict | None, single: Cal
         return {"status": "skipped", "error_message": errors.normalise(why), "wall_s": time.perf_counter() - start}
     workdir = Path(tempfile.mkdtemp(prefix="hf-tpu-tp-"))
     try:
-        row = _run(mode, built, ref, fp64, single(), opts, tol, drew, workdir)
+        row = _run(mode, built, ref, fp64, single(), opts, tol, drew, workdir, entry_id)
     except Exception as exc:  # noqa: BLE001  (saving the model failed: the row says so, the sweep goes on)
         row = {"status": "fail_to_run", **errors.error_fields(exc)}
     finally:
@@ -173,14 +194,15 @@ def run_tp_mode(mode: str, built: Any, ref: dict, fp64: dict | None, single: Cal
 
 
 def _run(mode: str, built: Any, ref: dict, fp64: dict | None, single: dict | None, opts: Any,
-         tol: numerics.Tolerance, drew: bool, workdir: Path) -> dict:
+         tol: numerics.Tolerance, drew: bool, workdir: Path, entry_id: str) -> dict:
     import torch
 
     model = built.model
     model.save_pretrained(workdir / "model")
     torch.save({"inputs": built.inputs, "call": built.call}, workdir / "call.pt")
     spec = {"module": type(model).__module__, "qualname": type(model).__qualname__, "dtype": opts.dtype,
-            "precision": opts.precision, "seed": opts.seed, "drew": drew, "device": opts.device}
+            "precision": opts.precision, "seed": opts.seed, "drew": drew, "device": opts.device,
+            "dump_after": max(1.0, 0.45 * opts.timeout - 10)}
     (workdir / "spec.json").write_text(json.dumps(spec))
     budget = 0.45 * opts.timeout  # the run and, if it fails, its control, inside the worker's --timeout
     n = ranks(mode)
@@ -192,9 +214,21 @@ def _run(mode: str, built: Any, ref: dict, fp64: dict | None, single: dict | Non
         row = judge(ref, single, outs, fp64, tol)
         sharded = f"{facts[0]['sharded']} of {facts[0]['parameters']} parameters sharded on {facts[0]['device']}"
         row["error_message"] = errors.normalise(f"{row.get('error_message', '')}; {sharded}".strip("; "))
+    if row["status"] != "pass":
+        keep_logs(workdir, n, Path(opts.out) / "tp-logs" / entry_id.replace("/", "__") if opts.out else None)
     if row["status"] != "pass" and opts.device == "tpu":
         row.update(control(workdir, n, budget, ref, fp64, tol))
     return row
+
+
+def keep_logs(workdir: Path, n: int, dest: Path | None) -> None:
+    """A failing row's rank logs, kept in the run directory (<out>/tp-logs/<entry>/) before the control."""
+    if dest is None:
+        return
+    dest.mkdir(parents=True, exist_ok=True)
+    for r in range(n):
+        if (workdir / f"rank{r}.log").exists():
+            shutil.copy(workdir / f"rank{r}.log", dest / f"rank{r}.log")
 
 
 def control(workdir: Path, n: int, timeout: float, ref: dict, fp64: dict | None, tol: numerics.Tolerance) -> dict:

@@ -98,6 +98,10 @@ def main(workdir: Path) -> int:
     _die_with_parent()
     rank = int(os.environ["RANK"])
     spec = json.loads((workdir / "spec.json").read_text())
+    if spec.get("dump_after"):  # where a rank is when the worker's deadline nears (a hang in a collective)
+        import faulthandler
+
+        faulthandler.dump_traceback_later(spec["dump_after"], exit=False)
     try:
         out, facts = run_rank(workdir, spec)
         import torch

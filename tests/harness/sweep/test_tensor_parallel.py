@@ -117,3 +117,25 @@ def test_wrong_collective_result_is_fail_accuracy_with_cause_backend(tmp_path):
     assert row["status"] == "fail_accuracy", row
     assert "rank 0 vs cpu" in row["error_message"]
     assert row["cause"] == "backend", row["control_error"]  # Transformers' TP on CPU with gloo passes
+
+
+def test_a_timed_out_rank_says_where_it_waited(tmp_path):
+    """The rank's faulthandler dump (tp_child's dump_after) names the frame the main thread was stuck in."""
+    import subprocess
+    import sys
+    import textwrap
+
+    script = tmp_path / "tp_child.py"  # the name stuck_at looks for in the main thread's frames
+    script.write_text(textwrap.dedent("""
+        import faulthandler, threading, time
+        threading.Thread(target=time.sleep, args=(3,), daemon=True).start()  # another thread in the dump
+        def wait_in_collective():
+            time.sleep(3)
+        faulthandler.dump_traceback_later(0.5, exit=True)
+        wait_in_collective()
+    """))
+    log = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60).stderr
+    where = tensor_parallel.stuck_at(log)
+    assert where.startswith("wait_in_collective (tp_child.py:"), (where, log)  # innermost Python frame first
+    assert "<module> (tp_child.py:" in where
+    assert tensor_parallel.stuck_at("no dump here") == ""
