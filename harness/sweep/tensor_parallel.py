@@ -117,21 +117,25 @@ def launch(workdir: Path, n: int, timeout: float, device: str = "tpu") -> tuple[
 
 
 def stuck_at(log: str, frames: int = 3) -> str:
-    """The innermost `frames` frames of the rank's main thread in its last faulthandler dump (tp_child's
-    dump_after), 'func (file:line) < ...', or ''."""
+    """Where a rank was in its last faulthandler dump (tp_child's dump_after): the innermost `frames` frames of
+    its main thread, 'func (file:line) < ...', then those of any other thread inside Transformers or hf_tpu
+    (the loader's threads); '' without a dump."""
     dump = log.rsplit("Timeout (", 1)
     if len(dump) < 2:
         return ""
+    main, others = "", []
     for block in dump[1].split("\nThread ")[1:] or dump[1:]:
         lines = [ln.strip() for ln in block.splitlines() if ln.strip().startswith("File ")]
+        calls = []
+        for ln in lines[:frames]:  # File "/path/x.py", line 12 in func
+            path, _, rest = ln[len('File "'):].partition('", line ')
+            line, _, func = rest.partition(" in ")
+            calls.append(f"{func} ({Path(path).name}:{line})")
         if any("tp_child.py" in ln for ln in lines):
-            out = []
-            for ln in lines[:frames]:  # File "/path/x.py", line 12 in func
-                path, _, rest = ln[len('File "'):].partition('", line ')
-                line, _, func = rest.partition(" in ")
-                out.append(f"{func} ({Path(path).name}:{line})")
-            return " < ".join(out)
-    return ""
+            main = " < ".join(calls)
+        elif any("/hf_tpu/" in ln or "/transformers/" in ln for ln in lines[:frames]):
+            others.append("thread " + " < ".join(calls))
+    return "; ".join(x for x in (main, *others) if x)
 
 
 def _only(tensors: dict | None) -> dict | None:
@@ -202,12 +206,13 @@ def _run(mode: str, built: Any, ref: dict, fp64: dict | None, single: dict | Non
     torch.save({"inputs": built.inputs, "call": built.call}, workdir / "call.pt")
     spec = {"module": type(model).__module__, "qualname": type(model).__qualname__, "dtype": opts.dtype,
             "precision": opts.precision, "seed": opts.seed, "drew": drew, "device": opts.device,
-            "dump_after": max(1.0, 0.45 * opts.timeout - 10)}
+            "dump_after": max(1.0, 0.55 * opts.timeout - 10)}
     (workdir / "spec.json").write_text(json.dumps(spec))
-    budget = 0.45 * opts.timeout  # the run and, if it fails, its control, inside the worker's --timeout
+    # the run, then (if it fails) its control with the time left, all inside the worker's --timeout
+    end = time.monotonic() + 0.9 * opts.timeout
     n = ranks(mode)
     try:
-        outs, facts = launch(workdir, n, budget, opts.device)
+        outs, facts = launch(workdir, n, 0.55 * opts.timeout, opts.device)
     except RankFailure as err:
         row = {"status": err.status, "error_type": err.error_type, "error_message": errors.normalise(err.message)}
     else:
@@ -216,8 +221,11 @@ def _run(mode: str, built: Any, ref: dict, fp64: dict | None, single: dict | Non
         row["error_message"] = errors.normalise(f"{row.get('error_message', '')}; {sharded}".strip("; "))
     if row["status"] != "pass":
         keep_logs(workdir, n, Path(opts.out) / "tp-logs" / entry_id.replace("/", "__") if opts.out else None)
-    if row["status"] != "pass" and opts.device == "tpu":
-        row.update(control(workdir, n, budget, ref, fp64, tol))
+    left = end - time.monotonic()
+    if row["status"] != "pass" and opts.device == "tpu" and left < 30:
+        row["control_error"] = f"no control: {left:.0f} s left of --timeout"
+    elif row["status"] != "pass" and opts.device == "tpu":
+        row.update(control(workdir, n, left, ref, fp64, tol))
     return row
 
 

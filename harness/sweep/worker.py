@@ -20,6 +20,7 @@ from multiprocessing.connection import Connection
 
 from harness.core import errors
 from harness.sweep.options import SweepOptions, worker_threads
+from harness.sweep.tensor_parallel import TP_MODES
 
 POLL_S = 0.05
 STARTUP_TIMEOUT_S = 300.0
@@ -46,7 +47,7 @@ class Outcome:
     death: Death | None = None
 
 
-BACKEND_PHASES = ("eager", "fused", "compiled")
+BACKEND_PHASES = ("eager", "fused", "compiled", *TP_MODES)  # a death in one is that mode's row
 CONTROL_PHASE = "control"  # after a failing row: its control run (harness/sweep/control.py)
 
 
