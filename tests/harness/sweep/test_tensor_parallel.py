@@ -139,3 +139,16 @@ def test_a_timed_out_rank_says_where_it_waited(tmp_path):
     assert where.startswith("wait_in_collective (tp_child.py:"), (where, log)  # innermost Python frame first
     assert "<module> (tp_child.py:" in where
     assert tensor_parallel.stuck_at("no dump here") == ""
+
+
+def test_a_worker_dying_in_the_tp2_phase_costs_the_tp2_row_only():
+    """The tp2 phase is the backend's: a death there is that row's timeout, not the CPU baseline's fault."""
+    from harness.sweep import testzoo
+    from harness.sweep.worker import Death, Task, resolve_death
+
+    (entry,) = testzoo.parse_spec("test:pass")
+    task = Task(entry, ("eager", "tp2"))
+    rows, cont = resolve_death(task, [{"mode": "eager", "status": "pass"}], Death("timeout", "tp2", -9),
+                               SweepOptions(timeout=7))
+    assert [(r["mode"], r["status"], r["error_message"]) for r in rows] == [("tp2", "timeout", "timeout after 7 s")]
+    assert cont is None
