@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import gc
 import json
 import logging
 import os
@@ -52,6 +53,7 @@ def run_model(entry: Any, max_len: int, batch: int) -> dict[str, Any]:
     except Exception as exc:  # noqa: BLE001 - a model the zoo cannot build is reported, not fatal
         return {**row, "status": "build_error", "error": f"{type(exc).__name__}: {exc}"[:300]}
     model = built.model.eval()
+    row["build_s"] = round(time.time() - start, 1)
     vocab = int(getattr(model.config, "vocab_size", 0) or getattr(model.config.get_text_config(), "vocab_size", 0))
     limit = min(max_len, int(getattr(model.config, "max_position_embeddings", max_len) or max_len))
     ids_all = torch.randint(0, vocab, (batch, limit), generator=torch.Generator().manual_seed(0))
@@ -63,6 +65,8 @@ def run_model(entry: Any, max_len: int, batch: int) -> dict[str, Any]:
     logging.getLogger("hf_tpu.bounded").addHandler(reasons)
     C.reset_stats()
     worst, wrong_at = 0.0, []
+    # where the time goes: the first two calls trace and compile (length 1, then the bucket), the rest run
+    cpu_s, call_s = 0.0, []
     try:
         for n in range(1, limit + 1):
             ids = ids_all[:, :n]
@@ -70,9 +74,13 @@ def run_model(entry: Any, max_len: int, batch: int) -> dict[str, Any]:
             if n >= 2:  # Dynamo specialises sizes 0 and 1 whatever is marked
                 torch._dynamo.mark_dynamic(x, 1, min=2, max=limit)
             with torch.no_grad():
+                t = time.time()
                 got = compiled(input_ids=x).logits.cpu()
+                call_s.append(time.time() - t)
+                t = time.time()
                 with cpu_reference():
                     want = cpu_model(input_ids=ids).logits
+                cpu_s += time.time() - t
             err = (got - want).abs().max().item() if got.shape == want.shape else float("inf")
             worst = max(worst, err)
             if got.shape != want.shape or not torch.allclose(got, want, rtol=1e-4, atol=1e-4):
@@ -86,7 +94,9 @@ def run_model(entry: Any, max_len: int, batch: int) -> dict[str, Any]:
     row.update(lengths=limit, worst_abs_err=worst, wrong_at=wrong_at[:8], compilations=st["compilations"],
                graphs=st["graphs"], padded_graphs=st["padded_graphs"], static_graphs=st["static_dynamic_graphs"],
                graph_breaks=st["graph_breaks"], static_reason=reasons.seen[0][:300] if reasons.seen else "",
-               seconds=round(time.time() - start, 1))
+               seconds=round(time.time() - start, 1), cpu_ref_s=round(cpu_s, 1),
+               first_calls_s=round(sum(call_s[:2]), 1), other_calls_s=round(sum(call_s[2:]), 1),
+               aot_s=round(st.get("aot_s", 0.0), 1), xla_s=round(st.get("xla_s", 0.0), 1))
     return row
 
 
@@ -113,6 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--limit", type=int, default=0, help="only the first N causal LMs")
     p.add_argument("--only", default="", help="only ids containing this")
     p.add_argument("--every", type=int, default=1, help="every K-th causal LM (a spread sample)")
+    p.add_argument("--shard", default="", help="i/n: only the i-th of n interleaved shares (1-based)")
     p.add_argument("--out", default="", help="JSON-lines file: rows already there are kept, not rerun")
     args = p.parse_args(argv)
 
@@ -122,6 +133,9 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_float32_matmul_precision("highest")
     entries = [e for e in select(load_zoo(args.zoo), task="causal-lm") if args.only in e.id]
     entries = entries[:: args.every]
+    if args.shard:
+        i, n = map(int, args.shard.split("/"))
+        entries = entries[i - 1:: n]
     if args.limit:
         entries = entries[: args.limit]
     done: dict[str, dict[str, Any]] = {}
@@ -130,12 +144,17 @@ def main(argv: list[str] | None = None) -> int:
         done = {r["id"]: r for r in map(json.loads, out.read_text().splitlines()) if r}
     rows = []
     for e in entries:
+        if out and out.exists() and e.id not in done:  # another shard may have written it meanwhile
+            done.update({r["id"]: r for r in map(json.loads, out.read_text().splitlines()) if r})
         row = done.get(e.id) or run_model(e, args.max_len, args.batch)
         rows.append(row)
         if out and e.id not in done:
             out.parent.mkdir(parents=True, exist_ok=True)
             with out.open("a") as f:
                 f.write(json.dumps(row) + "\n")
+            # one process runs many models: drop this one's graphs and programs before the next
+            torch._dynamo.reset()
+            gc.collect()
         print(json.dumps({k: row.get(k) for k in ("id", "status", "compilations", "padded_graphs", "static_graphs",
                                                   "worst_abs_err", "seconds")}), flush=True)
     print(summary(rows))

@@ -29,7 +29,7 @@ _LAYOUT = {
     aten.scalar_tensor.default, aten.arange.default, aten.arange.start, aten.arange.start_step,
     aten.full.default, aten.zeros.default, aten.ones.default, aten.empty.memory_format,
     aten.new_zeros.default, aten.new_ones.default, aten.new_empty.default, aten.new_full.default,
-    aten.cumsum.default, aten.repeat.default, aten.copy.default, aten.tril.default, aten.triu.default,
+    aten.cumsum.default, aten.copy.default,  # (repeat tiles: graph_plan merges its factors) aten.tril.default, aten.triu.default,
     # elementwise without ATen's pointwise tag, and complex views that only fold or unfold the last dimension
     # (always the static pair of a complex number): DeepSeek-V2's rotary embedding (polar, view_as_complex)
     aten.polar.default, aten.complex.default, aten.view_as_complex.default, aten.view_as_real.default,
@@ -59,6 +59,9 @@ _REDUCE = {
 }
 _ALONG_DIM = {aten.split.Tensor: (2, 0), aten.split_with_sizes.default: (2, 0), aten.unbind.int: (1, 0),
               aten.narrow.default: (1, 0), aten.chunk.default: (2, 0)}
+# ops computing each output row from its own input row along `dim` (position, default): on a merged
+# dynamic dimension only along a static one
+_ROWWISE = {aten.topk.default: (2, -1), aten.sort.default: (1, -1), aten.sort.stable: (2, -1)}
 _MATMUL = {aten.mm.default: 0, aten.bmm.default: 0, aten.addmm.default: 1, aten.baddbmm.default: 1}
 
 
@@ -166,6 +169,20 @@ def _rule(node: torch.fx.Node) -> Mask | None | str:
             # sliding window's x[:, -window:] with window >= the bound; AFMoE's cache slice)
             return None
         return f"{t} starts at {start} along the dynamic dimension (reads padded positions)"
+    if t in _ROWWISE:
+        pos, default = _ROWWISE[t]
+        dim = (node.args[pos] if len(node.args) > pos else node.kwargs.get("dim", default)) % x.dim()
+        return None if not is_dyn(x.shape[dim]) else f"{t} reorders the dynamic dimension"
+    if t is aten.slice_scatter.default:
+        # out = x with out[start:end:step] along dim replaced by src
+        src = node.args[1].meta["val"]
+        dim = (node.args[2] if len(node.args) > 2 else node.kwargs.get("dim", 0)) % x.dim()
+        if not is_dyn(x.shape[dim]) and not is_dyn(src.shape[dim]):
+            # a write along a static dimension (DeepSeek-V2's and GLM-4-MoE-Lite's rotary half written into
+            # the head): every other dimension of src is x's, so out's position p along a dynamic one reads
+            # x's or src's position p, never another
+            return None
+        return f"{t} writes along the dynamic dimension"
     if t is aten.select.int:
         dim, index = node.args[1], node.args[2]
         if not is_dyn(x.shape[dim]) or (isinstance(index, int) and index >= 0):
@@ -242,7 +259,21 @@ def _symint_uses(gm: torch.fx.GraphModule) -> dict[torch.fx.Node, list[int]]:
 
 _VIEWS = {aten.view.default, aten._unsafe_view.default, aten.reshape.default}
 _SAME = {aten.clone.default, aten.alias.default, aten._to_copy.default, aten.detach.default,
-         aten.contiguous.default, aten.lift_fresh_copy.default}
+         aten.contiguous.default, aten.lift_fresh_copy.default,
+         # constants of the input's shape: each position is its own
+         aten.full_like.default, aten.zeros_like.default, aten.ones_like.default, aten.empty_like.default}
+# index ops reading or writing along `dim` (position 1) of each row: on a merged dynamic dimension only along a
+# static one, with index (and src) merged exactly as the input elsewhere; (index position, src position or None)
+_ROW_INDEXED = {aten.gather.default: (2, None), aten.scatter.src: (2, 3), aten.scatter.value: (2, None),
+                aten.scatter_add.default: (2, 3), aten.scatter.reduce: (2, 3), aten.scatter.value_reduce: (2, None)}
+
+
+def _with_static(fx: Factors, val: Any, dims: Sequence[int]) -> Factors | None:
+    """fx with the static dimensions `dims` resized to val's (None if one of them holds a dynamic factor)."""
+    if any(is_dyn(f) for d in dims for f in fx[d]):
+        return None
+    clean = _clean(val)
+    return [clean[d] if d in dims else fx[d] for d in range(len(fx))]
 
 
 def _factored_rule(n: torch.fx.Node, factors: dict[torch.fx.Node, Factors]) -> Factors | str | tuple[Factors, Mask]:
@@ -265,6 +296,57 @@ def _factored_rule(n: torch.fx.Node, factors: dict[torch.fx.Node, Factors]) -> F
     if t is aten.unsqueeze.default and fx is not None:
         d = n.args[1] % (len(fx) + 1)
         return fx[:d] + [()] + fx[d:]
+    if t is aten.sym_size.int:  # a size, not positions
+        return []
+    if t is operator.getitem and fx is not None:
+        # an output of topk/sort/max.dim/split below: the same factors, but a split's static dimension is the piece's
+        if not isinstance(val, torch.Tensor) or val.dim() != len(fx):
+            return f"{t} of a merged dynamic tensor changes its rank"
+        changed = [d for d in range(len(fx)) if expr(val.shape[d]) != math.prod(fx[d], start=1)]
+        r = _with_static(fx, val, changed)
+        return r if r is not None else f"{t} takes part of a merged dynamic dimension"
+    if t in _ALONG_DIM and fx is not None:  # split/narrow/chunk along a static dimension
+        pos, default = _ALONG_DIM[t]
+        dim = (n.args[pos] if len(n.args) > pos else n.kwargs.get("dim", default)) % len(fx)
+        first = val[0] if isinstance(val, (list, tuple)) else val
+        r = _with_static(fx, first, [dim])
+        return r if r is not None else f"{t} splits a dynamic dimension merged with another by a view"
+    if t is aten.repeat.default and fx is not None:
+        # tiling: output row k * size + j is input row j, so each tiled dimension gains an outer static factor
+        reps = list(n.args[1])
+        lead = reps[: len(reps) - len(fx)]
+        tiled = [(r,) if not dim else ((r,) + dim if r != 1 else dim) for r, dim in zip(reps[len(lead):], fx, strict=True)]
+        return [(r,) if r != 1 else () for r in lead] + tiled
+    if t in _ROW_INDEXED and fx is not None:
+        ipos, spos = _ROW_INDEXED[t]
+        dim = n.args[1] % len(fx)
+        others = [n.args[ipos]] + ([n.args[spos]] if spos is not None else [])
+        rest = [d for d in range(len(fx)) if d != dim]
+        for a in others:
+            if not isinstance(a, torch.fx.Node):
+                return f"{t} on a merged dynamic tensor with a non-tensor index"
+            fa = factors.get(a, _clean(a.meta["val"]))
+            if len(fa) != len(fx) or any(fa[d] != fx[d] for d in rest):
+                return f"{t} with an index merged differently from its input"
+        r = _with_static(fx, val, [dim])
+        return r if r is not None else f"{t} reads or writes along a dynamic dimension merged with another"
+    if fx is not None and (t in _REDUCE or t in _ROWWISE):
+        # along static dimensions only (a MoE router's softmax/topk over the experts of each token): every other
+        # position, the merged token one included, is computed from its own row, so padded rows stay padded
+        rank = len(fx)
+        if t in _REDUCE:
+            dims = _reduced_dims(n, _REDUCE[t][0], rank)
+        else:
+            pos, default = _ROWWISE[t]
+            dims = [(n.args[pos] if len(n.args) > pos else n.kwargs.get("dim", default)) % rank]
+        if any(is_dyn(f) for d in dims for f in fx[d]):
+            return f"{t} reduces or reorders a dynamic dimension merged with another by a view"
+        first = val[0] if isinstance(val, (list, tuple)) else val
+        if not isinstance(first, torch.Tensor):
+            return f"{t} on a dynamic dimension merged with another by a view"
+        if first.dim() == rank:
+            return [_clean(first)[d] if d in dims else fx[d] for d in range(rank)]
+        return [fx[d] for d in range(rank) if d not in dims]
     if t in _MATMUL:
         off = _MATMUL[t]
         a, b = n.args[off], n.args[off + 1]
@@ -329,6 +411,13 @@ def graph_plan(gm: torch.fx.GraphModule) -> Plan:
             if r is None:
                 raise Unsupported(f"{n.target} splits a dynamic dimension ({n.name}: "
                                   f"{src.meta['val'].shape} -> {n.meta['val'].shape})")
+            if not _is_clean(r):
+                factors[n] = r
+            continue
+        if n.target is aten.repeat.default and n.args[0] not in factors:
+            # tiling a dynamic dimension puts real rows at j and size + j: the dimension is then (reps, size),
+            # tracked as merged, never a prefix of real rows
+            r = _factored_rule(n, {n.args[0]: _clean(n.args[0].meta["val"])})
             if not _is_clean(r):
                 factors[n] = r
             continue
