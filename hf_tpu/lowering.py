@@ -239,6 +239,9 @@ def find(op: Any) -> Callable[..., Any] | None:
             fn = functools.partial(fn, env=ENV)
     if op in OPMATH:
         fn = opmath(fn)
+    elif torch.Tag.pointwise in getattr(op, "tags", ()) and op not in op_registry.flagged("half_as_written"):
+        # CPU's vectorised half kernels evaluate in float32
+        fn = opmath(fn, pointwise=op._schema)
     name = op.__name__.split(".")[0] if hasattr(op, "__name__") else ""
     if name in precision.MATMUL_OPERANDS:
         inner = fn

@@ -14,6 +14,8 @@ decomposition table has a usable one:
   _linalg_solve_ex -> LU and pivots returned too (linalg.solve's and eig's backwards reuse them)
   _linalg_eigvals -> jnp.linalg.eigvals (geev, CPU's order)
   linalg_lu, lu_unpack -> lax.linalg.lu / LAPACK's row swaps, P built from its permutation (torchax's slices by a traced size)
+  pow.Tensor_Scalar -> CPU's special exponents (x * x, 1 / sqrt...) and its bfloat16 step-by-step rounding
+  _log_softmax   -> half inputs as CPU's kernels (float32, the last-dimension kernel's sum and log rounded)
   polygamma      -> lax.polygamma with the arguments in the right order; digamma's pole as PyTorch's
   native_batch_norm, _native_batch_norm_legit_functional/_no_training -> CPU's kernel: statistics in float32
                     (returned in float32 for half inputs, as CPU does), x * alpha + beta per channel
@@ -21,6 +23,9 @@ decomposition table has a usable one:
 OPMATH names the ops whose CPU kernels take bfloat16/float16 inputs through float32 (accumulating there) and
 round the result once: lowering.find runs their lowering (or decomposition) on float32 operands and casts
 back, instead of letting XLA accumulate in the half type (cumsum, norms, fmod differed by several ulps).
+Every op tagged pointwise gets the same when its floating operands share one half type: CPU's vectorised kernels convert half inputs
+to float32, evaluate, and round once, while XLA expands asinh, log1p, exp2, gelu... in the half type, rounding
+each step (1-2 ulps off on ~5% of elements). Exact ops (add, where, comparisons) are unchanged by it.
 """
 
 from __future__ import annotations
@@ -96,6 +101,50 @@ def _angle(x: Any) -> Any:
     if not jnp.issubdtype(x.dtype, jnp.floating):
         x = x.astype(jnp.float32)  # PyTorch's result dtype for integer and bool inputs
     return jnp.where(jnp.isnan(x), x, jnp.where(x < 0, jnp.asarray(jnp.pi, x.dtype), jnp.zeros((), x.dtype)))
+
+
+@lowers(aten.pow.Tensor_Scalar)
+def _pow_tensor_scalar(x: Any, exponent: Any) -> Any:
+    """CPU's pow(tensor, scalar) on floating tensors: exponents 2, 3, -2 as products (0.5, -0.5, -1 as sqrt,
+    1 / sqrt, 1 / x), each step rounded to bfloat16 for bfloat16 (Vectorized<BFloat16> arithmetic), float16 as
+    one float32 pow rounded once (its exponent rounded to float16 first, as exp_scalar.to<Half>()); XLA's pow
+    is exp(e * log x), ulps off even in float32."""
+    import numpy as np
+
+    jnp = _jax().numpy
+    if not (jnp.issubdtype(x.dtype, jnp.floating) and isinstance(exponent, (int, float))
+            and not isinstance(exponent, bool)):
+        from hf_tpu.torchax_compat import load_op_table
+
+        table = load_op_table()[0]
+        return (table.get(aten.pow.Tensor_Scalar) or table[aten.pow]).func(x, exponent)
+    dtype = x.dtype
+    if dtype == jnp.float16:
+        return jnp.power(x.astype(jnp.float32), float(np.float16(exponent))).astype(dtype)
+    bf16 = dtype == jnp.bfloat16
+    r = (lambda v: v.astype(dtype).astype(jnp.float32)) if bf16 else (lambda v: v)
+    xf = x.astype(jnp.float32) if bf16 else x
+    e = float(np.asarray(exponent, dtype=dtype)) if bf16 else float(exponent)
+    if e == 0.5:
+        out = jnp.sqrt(xf)
+    elif e == -0.5:
+        out = 1 / jnp.sqrt(xf)
+    elif e == -1:
+        out = 1 / xf
+    elif e == 2:
+        out = xf * xf
+    elif e == 3:
+        out = r(xf * xf) * xf
+    elif e == -2:
+        out = 1 / r(xf * xf)
+    else:
+        out = jnp.power(xf, jnp.asarray(e, xf.dtype))
+    return out.astype(dtype)
+
+
+# rsqrt: CPU's half kernel is an approximation (an ulp off 1 / sqrt on ~5 in 10^5 values), XLA's float16
+# rsqrt is nearer to it (2 in 10^5) than float32 rounded once (6) or 1 / sqrt (5): left to XLA in the half type
+op_registry.mark("half_as_written", {aten.pow.Tensor_Scalar, aten.rsqrt.default})
 
 
 @lowers(aten.sign.default, aten.sgn.default)
@@ -283,9 +332,14 @@ def _adaptive_max_pool(spatial: int) -> Callable[..., Any]:
     return pool
 
 
-def opmath(fn: Callable[..., Any]) -> Callable[..., Any]:
+def opmath(fn: Callable[..., Any], pointwise: Any = None) -> Callable[..., Any]:
     """`fn` run on float32 copies of its bfloat16/float16 array operands, its float32 results rounded back to
-    that half type (the first one found among the operands)."""
+    that half type (the first one found among the operands). For a pointwise op (`pointwise`: its schema),
+    only when every floating operand has that one half type (a float32 operand makes the result float32), and
+    a Python float where the schema takes a Tensor (add.Tensor(x, 0.1)) is first rounded to the half type, as
+    PyTorch wraps it in a tensor of the common dtype (measured: x + 0.1 in float16 off CPU by an ulp otherwise)."""
+    tensor_params = () if pointwise is None else tuple(
+        (i, a.name) for i, a in enumerate(pointwise.arguments) if isinstance(a.type, torch.TensorType))
 
     @functools.wraps(fn)
     def wrapped(*args: Any, **kwargs: Any) -> Any:
@@ -293,9 +347,14 @@ def opmath(fn: Callable[..., Any]) -> Callable[..., Any]:
         leaves = pytree.tree_leaves((args, kwargs))
         half = next((x.dtype for x in leaves if hasattr(x, "dtype") and hasattr(x, "shape")
                      and x.dtype in (jnp.bfloat16, jnp.float16)), None)
-        if half is None or any(isinstance(x, torch.dtype) for x in leaves):
+        if pointwise is not None and half is not None and any(
+                hasattr(x, "shape") and jnp.issubdtype(x.dtype, jnp.inexact) and x.dtype != half for x in leaves):
+            return fn(*args, **kwargs)
+        if half is None or any(isinstance(x, torch.dtype) and str(x) != f"torch.{jnp.dtype(half).name}"
+                               for x in leaves):
             # an explicit output dtype (cumsum(x, 0, dtype=float32), as autocast calls it): the input is cast to
-            # it first (lowering._cast_input_first) and the result must stay in it
+            # it first (lowering._cast_input_first) and the result must stay in it. The half type itself
+            # (_softmax_backward_data's input_dtype) keeps the rounding to it.
             return fn(*args, **kwargs)
 
         def up(x: Any) -> Any:
@@ -304,6 +363,14 @@ def opmath(fn: Callable[..., Any]) -> Callable[..., Any]:
         def down(x: Any) -> Any:
             return x.astype(half) if hasattr(x, "shape") and getattr(x, "dtype", None) == jnp.float32 else x
 
+        if tensor_params:
+            import numpy as np
+
+            def rounded(v: Any) -> Any:
+                return float(np.asarray(v, dtype=half)) if isinstance(v, float) else v
+
+            args = tuple(rounded(a) if any(i == j for j, _ in tensor_params) else a for i, a in enumerate(args))
+            kwargs = {k: rounded(v) if any(k == n for _, n in tensor_params) else v for k, v in kwargs.items()}
         args, kwargs = pytree.tree_map(up, (args, kwargs))
         return pytree.tree_map(down, fn(*args, **kwargs))
 
@@ -320,7 +387,31 @@ OPMATH = op_registry.mark("opmath", {
     # JAX would round it to the half type first): log10's and others' gradients
     aten.mul.Scalar, aten.div.Scalar, aten.add.Scalar, aten.sub.Scalar,
     aten.avg_pool2d.default, aten.avg_pool3d.default,
+    # CPU's softmax kernels: max, sum of exponentials and the result in float32, rounded once
+    aten._softmax.default, aten._softmax_backward_data.default, aten._log_softmax_backward_data.default,
 })
+
+
+@lowers(aten._log_softmax.default)
+def _log_softmax(x: Any, dim: int, half_to_float: bool = False) -> Any:
+    """CPU's log_softmax: for half inputs max, exponentials and sum in float32 and the result rounded once,
+    except that its last-dimension kernel keeps the sum and then its log in the half type (measured: bit-equal
+    on bfloat16 and float16 where float32 throughout was 30-50 ulps-of-1 elements off per 400)."""
+    jax = _jax()
+    jnp = jax.numpy
+    if x.ndim == 0:
+        return jnp.zeros((), x.dtype)
+    dim %= x.ndim
+    if x.dtype not in (jnp.bfloat16, jnp.float16) or x.size == 0:
+        return jax.nn.log_softmax(x, dim)
+    half, xf = x.dtype, x.astype(jnp.float32)
+    shifted = xf - jnp.max(xf, axis=dim, keepdims=True)
+    total = jnp.sum(jnp.exp(shifted), axis=dim, keepdims=True)
+    if all(s == 1 for s in x.shape[dim + 1:]):  # inner size 1: CPU's _vec_log_softmax_lastdim
+        lse = jnp.log(total.astype(half).astype(jnp.float32)).astype(half).astype(jnp.float32)
+    else:
+        lse = jnp.log(total)
+    return (shifted - lse).astype(half)
 
 
 @lowers(aten._efficientzerotensor.default)

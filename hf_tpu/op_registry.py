@@ -34,6 +34,8 @@ KINDS: dict[str, str] = {
 
 FLAGS: dict[str, str] = {
     "opmath": "half-precision inputs computed in float32 and rounded once, as CPU's kernel (lowering_parity.py)",
+    "half_as_written": "a pointwise op whose lowering rounds half-precision steps as CPU's kernel itself: "
+                       "exempt from the float32-throughout rule (lowering.find)",
     "cast_input_first": "an explicit dtype= casts the input before the reduction, as PyTorch (lowering.py)",
     "lowering_dtypes": "its lowering's output dtypes are CPU's where the meta kernel's are not (op_dtypes.py)",
     "float8_as_is": "float8 operands passed as they are, not widened to float32 (eager_functional.py)",

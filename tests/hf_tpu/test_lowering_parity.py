@@ -46,6 +46,14 @@ CASES = {
     "log10": (lambda x: torch.log10(x.abs() + 0.1), ((40,),)),
     "avg_pool1d": (lambda x: F.avg_pool1d(x, 3, 2), ((2, 3, 17),)),
     "avg_pool2d": (lambda x: F.avg_pool2d(x, 3, 1, 1), ((2, 3, 9, 7),)),
+    # pointwise ops XLA expands in the half type (CPU: float32, rounded once)
+    "asinh": (torch.asinh, ((400,),)),
+    "log1p": (lambda x: torch.log1p(x.abs()), ((400,),)),
+    "exp2": (lambda x: torch.exp2(x), ((400,),)),
+    "gelu": (F.gelu, ((400,),)),
+    # softmax's max, sum and result in float32 (CPU's last-dim kernels), forward and backward
+    "softmax": (lambda x: F.softmax(x, -1), ((8, 50),)),
+    "log_softmax": (lambda x: F.log_softmax(x, -1), ((8, 50),)),
 }
 FLOATS = (torch.float32, torch.bfloat16, torch.float16)
 ONLY = {  # dtypes CPU supports for the op, where fewer than FLOATS
@@ -56,7 +64,10 @@ ONLY = {  # dtypes CPU supports for the op, where fewer than FLOATS
 # bfloat16 training statistics on these inputs.
 # avg_pool2d's float16 backward: CPU's kernel adds each window's share into the input gradient in float16, one
 # rounding per add in output order; XLA sums the shares in float16 in its own order.
-KNOWN = {("layer_norm", torch.float16), ("batch_norm_train", torch.bfloat16), ("avg_pool2d", torch.float16)}
+# asinh's float16 backward goes through rsqrt, whose half-precision CPU result is not 1 / sqrt rounded once on
+# a few values in 10^5 (not reproduced; XLA's float16 rsqrt is kept, the nearest measured).
+KNOWN = {("layer_norm", torch.float16), ("batch_norm_train", torch.bfloat16), ("avg_pool2d", torch.float16),
+         ("asinh", torch.float16)}
 INTS = {"index_reduce_prod", "index_reduce_mean", "index_reduce_amax", "index_reduce_amin", "angle", "cumsum"}
 
 
@@ -138,3 +149,18 @@ def test_eigvals_and_solve_gradients_match_cpu(name: str) -> None:
     for dtype in (torch.float32, torch.complex64):
         res = op_parity.check(op, dtype, samples=1000)
         assert res.forward == "pass" and res.backward in ("pass", None), (dtype, res)
+
+
+BIT_EQUAL = {  # computed as CPU's kernels, so equal to the bit (a half ulp is inside the tolerances above)
+    "pow2": lambda x: x ** 2, "pow3": lambda x: x ** 3, "pow-2": lambda x: x ** -2, "pow-1": lambda x: x ** -1,
+    "pow2.5": lambda x: x ** 2.5, "asinh": torch.asinh, "exp2": torch.exp2, "gelu": F.gelu, "log1p": torch.log1p,
+    "x+0.1": lambda x: x + 0.1, "sigmoid": torch.sigmoid,
+}
+
+
+@pytest.mark.parametrize("dtype", (torch.bfloat16, torch.float16), ids=lambda d: str(d).removeprefix("torch."))
+@pytest.mark.parametrize("name", sorted(BIT_EQUAL))
+def test_half_pointwise_bit_equal(name: str, dtype: torch.dtype) -> None:
+    x = (torch.rand(20000, generator=torch.Generator().manual_seed(0)) * 4 + 0.01).to(dtype)
+    fn = BIT_EQUAL[name]
+    assert torch.equal(fn(x.to("tpu")).cpu(), fn(x))
