@@ -14,6 +14,7 @@ decomposition table has a usable one:
   _linalg_solve_ex -> LU and pivots returned too (linalg.solve's and eig's backwards reuse them)
   _linalg_eigvals -> jnp.linalg.eigvals (geev, CPU's order)
   linalg_lu, lu_unpack -> lax.linalg.lu / LAPACK's row swaps, P built from its permutation (torchax's slices by a traced size)
+  logit          -> half inputs rounded step by step as CPU's kernel
   pow.Tensor_Scalar -> CPU's special exponents (x * x, 1 / sqrt...) and its bfloat16 step-by-step rounding
   _log_softmax   -> half inputs as CPU's kernels (float32, the last-dimension kernel's sum and log rounded)
   polygamma      -> lax.polygamma with the arguments in the right order; digamma's pole as PyTorch's
@@ -142,9 +143,31 @@ def _pow_tensor_scalar(x: Any, exponent: Any) -> Any:
     return out.astype(dtype)
 
 
+@lowers(aten.logit.default)
+def _logit(x: Any, eps: float | None = None) -> Any:
+    """CPU's logit: for half inputs each step of log(x / (1 - x)) rounded to the half type (its kernel is
+    written on Vectorized<Half/BFloat16>), with eps clamping to [eps, 1 - eps] in that type."""
+    jnp = _jax().numpy
+    if x.dtype not in (jnp.bfloat16, jnp.float16):
+        from hf_tpu.torchax_compat import load_op_table
+
+        table = load_op_table()[0]
+        return (table.get(aten.logit.default) or table[aten.logit]).func(x, eps)
+    half = x.dtype
+
+    def r(v: Any) -> Any:
+        return jnp.asarray(v, jnp.float32).astype(half).astype(jnp.float32)
+
+    xf = x.astype(jnp.float32)
+    if eps is not None:
+        lo = r(eps)
+        xf = jnp.clip(xf, lo, r(1 - lo))
+    return jnp.log(r(xf / r(1 - xf))).astype(half)
+
+
 # rsqrt: CPU's half kernel is an approximation (an ulp off 1 / sqrt on ~5 in 10^5 values), XLA's float16
 # rsqrt is nearer to it (2 in 10^5) than float32 rounded once (6) or 1 / sqrt (5): left to XLA in the half type
-op_registry.mark("half_as_written", {aten.pow.Tensor_Scalar, aten.rsqrt.default})
+op_registry.mark("half_as_written", {aten.pow.Tensor_Scalar, aten.rsqrt.default, aten.logit.default})
 
 
 @lowers(aten.sign.default, aten.sgn.default)

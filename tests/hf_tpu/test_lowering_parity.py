@@ -154,7 +154,8 @@ def test_eigvals_and_solve_gradients_match_cpu(name: str) -> None:
 BIT_EQUAL = {  # computed as CPU's kernels, so equal to the bit (a half ulp is inside the tolerances above)
     "pow2": lambda x: x ** 2, "pow3": lambda x: x ** 3, "pow-2": lambda x: x ** -2, "pow-1": lambda x: x ** -1,
     "pow2.5": lambda x: x ** 2.5, "asinh": torch.asinh, "exp2": torch.exp2, "gelu": F.gelu, "log1p": torch.log1p,
-    "x+0.1": lambda x: x + 0.1, "sigmoid": torch.sigmoid,
+    "x+0.1": lambda x: x + 0.1, "sigmoid": torch.sigmoid, "logit": lambda x: torch.logit(x / 4.5),
+    "logit_eps": lambda x: torch.logit(x / 4.5, eps=0.1),
 }
 
 
