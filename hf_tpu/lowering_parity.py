@@ -14,9 +14,6 @@ decomposition table has a usable one:
   _linalg_solve_ex -> LU and pivots returned too (linalg.solve's and eig's backwards reuse them)
   _linalg_eigvals -> jnp.linalg.eigvals (geev, CPU's order)
   linalg_lu, lu_unpack -> lax.linalg.lu / LAPACK's row swaps, P built from its permutation (torchax's slices by a traced size)
-  logit          -> half inputs rounded step by step as CPU's kernel
-  pow.Tensor_Scalar -> CPU's special exponents (x * x, 1 / sqrt...) and its bfloat16 step-by-step rounding
-  _log_softmax   -> half inputs as CPU's kernels (float32, the last-dimension kernel's sum and log rounded)
   polygamma      -> lax.polygamma with the arguments in the right order; digamma's pole as PyTorch's
   native_batch_norm, _native_batch_norm_legit_functional/_no_training -> CPU's kernel: statistics in float32
                     (returned in float32 for half inputs, as CPU does), x * alpha + beta per channel
@@ -24,9 +21,10 @@ decomposition table has a usable one:
 OPMATH names the ops whose CPU kernels take bfloat16/float16 inputs through float32 (accumulating there) and
 round the result once: lowering.find runs their lowering (or decomposition) on float32 operands and casts
 back, instead of letting XLA accumulate in the half type (cumsum, norms, fmod differed by several ulps).
-Every op tagged pointwise gets the same when its floating operands share one half type: CPU's vectorised kernels convert half inputs
-to float32, evaluate, and round once, while XLA expands asinh, log1p, exp2, gelu... in the half type, rounding
-each step (1-2 ulps off on ~5% of elements). Exact ops (add, where, comparisons) are unchanged by it.
+Every op tagged pointwise gets the same when its floating operands share one half type: CPU's vectorised
+kernels convert half inputs to float32, evaluate, and round once, while XLA expands asinh, log1p, exp2,
+gelu... in the half type, rounding each step (1-2 ulps off on ~5% of elements). Exact ops (add, where,
+comparisons) are unchanged by it. Ops whose CPU kernels round otherwise are in half_kernels.py.
 """
 
 from __future__ import annotations
@@ -102,72 +100,6 @@ def _angle(x: Any) -> Any:
     if not jnp.issubdtype(x.dtype, jnp.floating):
         x = x.astype(jnp.float32)  # PyTorch's result dtype for integer and bool inputs
     return jnp.where(jnp.isnan(x), x, jnp.where(x < 0, jnp.asarray(jnp.pi, x.dtype), jnp.zeros((), x.dtype)))
-
-
-@lowers(aten.pow.Tensor_Scalar)
-def _pow_tensor_scalar(x: Any, exponent: Any) -> Any:
-    """CPU's pow(tensor, scalar) on floating tensors: exponents 2, 3, -2 as products (0.5, -0.5, -1 as sqrt,
-    1 / sqrt, 1 / x), each step rounded to bfloat16 for bfloat16 (Vectorized<BFloat16> arithmetic), float16 as
-    one float32 pow rounded once (its exponent rounded to float16 first, as exp_scalar.to<Half>()); XLA's pow
-    is exp(e * log x), ulps off even in float32."""
-    import numpy as np
-
-    jnp = _jax().numpy
-    if not (jnp.issubdtype(x.dtype, jnp.floating) and isinstance(exponent, (int, float))
-            and not isinstance(exponent, bool)):
-        from hf_tpu.torchax_compat import load_op_table
-
-        table = load_op_table()[0]
-        return (table.get(aten.pow.Tensor_Scalar) or table[aten.pow]).func(x, exponent)
-    dtype = x.dtype
-    if dtype == jnp.float16:
-        return jnp.power(x.astype(jnp.float32), float(np.float16(exponent))).astype(dtype)
-    bf16 = dtype == jnp.bfloat16
-    r = (lambda v: v.astype(dtype).astype(jnp.float32)) if bf16 else (lambda v: v)
-    xf = x.astype(jnp.float32) if bf16 else x
-    e = float(np.asarray(exponent, dtype=dtype)) if bf16 else float(exponent)
-    if e == 0.5:
-        out = jnp.sqrt(xf)
-    elif e == -0.5:
-        out = 1 / jnp.sqrt(xf)
-    elif e == -1:
-        out = 1 / xf
-    elif e == 2:
-        out = xf * xf
-    elif e == 3:
-        out = r(xf * xf) * xf
-    elif e == -2:
-        out = 1 / r(xf * xf)
-    else:
-        out = jnp.power(xf, jnp.asarray(e, xf.dtype))
-    return out.astype(dtype)
-
-
-@lowers(aten.logit.default)
-def _logit(x: Any, eps: float | None = None) -> Any:
-    """CPU's logit: for half inputs each step of log(x / (1 - x)) rounded to the half type (its kernel is
-    written on Vectorized<Half/BFloat16>), with eps clamping to [eps, 1 - eps] in that type."""
-    jnp = _jax().numpy
-    if x.dtype not in (jnp.bfloat16, jnp.float16):
-        from hf_tpu.torchax_compat import load_op_table
-
-        table = load_op_table()[0]
-        return (table.get(aten.logit.default) or table[aten.logit]).func(x, eps)
-    half = x.dtype
-
-    def r(v: Any) -> Any:
-        return jnp.asarray(v, jnp.float32).astype(half).astype(jnp.float32)
-
-    xf = x.astype(jnp.float32)
-    if eps is not None:
-        lo = r(eps)
-        xf = jnp.clip(xf, lo, r(1 - lo))
-    return jnp.log(r(xf / r(1 - xf))).astype(half)
-
-
-# rsqrt: CPU's half kernel is an approximation (an ulp off 1 / sqrt on ~5 in 10^5 values), XLA's float16
-# rsqrt is nearer to it (2 in 10^5) than float32 rounded once (6) or 1 / sqrt (5): left to XLA in the half type
-op_registry.mark("half_as_written", {aten.pow.Tensor_Scalar, aten.rsqrt.default, aten.logit.default})
 
 
 @lowers(aten.sign.default, aten.sgn.default)
@@ -413,28 +345,6 @@ OPMATH = op_registry.mark("opmath", {
     # CPU's softmax kernels: max, sum of exponentials and the result in float32, rounded once
     aten._softmax.default, aten._softmax_backward_data.default, aten._log_softmax_backward_data.default,
 })
-
-
-@lowers(aten._log_softmax.default)
-def _log_softmax(x: Any, dim: int, half_to_float: bool = False) -> Any:
-    """CPU's log_softmax: for half inputs max, exponentials and sum in float32 and the result rounded once,
-    except that its last-dimension kernel keeps the sum and then its log in the half type (measured: bit-equal
-    on bfloat16 and float16 where float32 throughout was 30-50 ulps-of-1 elements off per 400)."""
-    jax = _jax()
-    jnp = jax.numpy
-    if x.ndim == 0:
-        return jnp.zeros((), x.dtype)
-    dim %= x.ndim
-    if x.dtype not in (jnp.bfloat16, jnp.float16) or x.size == 0:
-        return jax.nn.log_softmax(x, dim)
-    half, xf = x.dtype, x.astype(jnp.float32)
-    shifted = xf - jnp.max(xf, axis=dim, keepdims=True)
-    total = jnp.sum(jnp.exp(shifted), axis=dim, keepdims=True)
-    if all(s == 1 for s in x.shape[dim + 1:]):  # inner size 1: CPU's _vec_log_softmax_lastdim
-        lse = jnp.log(total.astype(half).astype(jnp.float32)).astype(half).astype(jnp.float32)
-    else:
-        lse = jnp.log(total)
-    return (shifted - lse).astype(half)
 
 
 @lowers(aten._efficientzerotensor.default)

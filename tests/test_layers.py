@@ -33,7 +33,7 @@ HF_TPU_LAYERS: list[tuple[str, list[str]]] = [
     ("helpers of the lowerings", ["hf_tpu.torchax_compat", "hf_tpu.rng", "hf_tpu.views", "hf_tpu.lowering_ops",
                                   "hf_tpu.lowering_parity", "hf_tpu.float8", "hf_tpu.random_ops",
                                   "hf_tpu.special_polynomials", "hf_tpu.segment_reduce",
-                                  "hf_tpu.fractional_pool", "hf_tpu.histogram"]),
+                                  "hf_tpu.fractional_pool", "hf_tpu.histogram", "hf_tpu.half_kernels"]),
     ("fused eager mode's recorder", ["hf_tpu.fused"]),
     ("tpu tensors", ["hf_tpu.tensor"]),
     ("programs of one op, decompositions run as programs, plans, torch.save, optimizer kernels",

@@ -1,0 +1,114 @@
+"""Half-precision lowerings written as CPU's kernels round, where neither float32 throughout (lowering_parity's
+OPMATH and pointwise rule) nor XLA's half arithmetic gives CPU's bits (found by tests/hf_tpu/op_parity.py):
+
+  _log_softmax   -> float32, except that the last-dimension kernel rounds the sum and its log to the half type
+  pow.Tensor_Scalar -> CPU's special exponents (x * x, 1 / sqrt...) and its bfloat16 step-by-step rounding
+  logit          -> each step rounded to the half type (a kernel written on Vectorized<Half/BFloat16>)
+
+The ops flagged half_as_written here are exempt from lowering.find's float32-throughout pointwise rule.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from hf_tpu import op_registry
+from hf_tpu.op_registry import lowers
+
+aten = torch.ops.aten
+
+
+def _jax() -> Any:
+    from hf_tpu import runtime
+
+    return runtime.jax()
+
+
+@lowers(aten._log_softmax.default)
+def _log_softmax(x: Any, dim: int, half_to_float: bool = False) -> Any:
+    """CPU's log_softmax: for half inputs max, exponentials and sum in float32 and the result rounded once,
+    except that its last-dimension kernel keeps the sum and then its log in the half type (measured: bit-equal
+    on bfloat16 and float16 where float32 throughout was 30-50 ulps-of-1 elements off per 400)."""
+    jax = _jax()
+    jnp = jax.numpy
+    if x.ndim == 0:
+        return jnp.zeros((), x.dtype)
+    dim %= x.ndim
+    if x.dtype not in (jnp.bfloat16, jnp.float16) or x.size == 0:
+        return jax.nn.log_softmax(x, dim)
+    half, xf = x.dtype, x.astype(jnp.float32)
+    shifted = xf - jnp.max(xf, axis=dim, keepdims=True)
+    total = jnp.sum(jnp.exp(shifted), axis=dim, keepdims=True)
+    if all(s == 1 for s in x.shape[dim + 1:]):  # inner size 1: CPU's _vec_log_softmax_lastdim
+        lse = jnp.log(total.astype(half).astype(jnp.float32)).astype(half).astype(jnp.float32)
+    else:
+        lse = jnp.log(total)
+    return (shifted - lse).astype(half)
+
+
+@lowers(aten.pow.Tensor_Scalar)
+def _pow_tensor_scalar(x: Any, exponent: Any) -> Any:
+    """CPU's pow(tensor, scalar) on floating tensors: exponents 2, 3, -2 as products (0.5, -0.5, -1 as sqrt,
+    1 / sqrt, 1 / x), each step rounded to bfloat16 for bfloat16 (Vectorized<BFloat16> arithmetic), float16 as
+    one float32 pow rounded once (its exponent rounded to float16 first, as exp_scalar.to<Half>()); XLA's pow
+    is exp(e * log x), ulps off even in float32."""
+    import numpy as np
+
+    jnp = _jax().numpy
+    if not (jnp.issubdtype(x.dtype, jnp.floating) and isinstance(exponent, (int, float))
+            and not isinstance(exponent, bool)):
+        from hf_tpu.torchax_compat import load_op_table
+
+        table = load_op_table()[0]
+        return (table.get(aten.pow.Tensor_Scalar) or table[aten.pow]).func(x, exponent)
+    dtype = x.dtype
+    if dtype == jnp.float16:
+        return jnp.power(x.astype(jnp.float32), float(np.float16(exponent))).astype(dtype)
+    bf16 = dtype == jnp.bfloat16
+    r = (lambda v: v.astype(dtype).astype(jnp.float32)) if bf16 else (lambda v: v)
+    xf = x.astype(jnp.float32) if bf16 else x
+    e = float(np.asarray(exponent, dtype=dtype)) if bf16 else float(exponent)
+    if e == 0.5:
+        out = jnp.sqrt(xf)
+    elif e == -0.5:
+        out = 1 / jnp.sqrt(xf)
+    elif e == -1:
+        out = 1 / xf
+    elif e == 2:
+        out = xf * xf
+    elif e == 3:
+        out = r(xf * xf) * xf
+    elif e == -2:
+        out = 1 / r(xf * xf)
+    else:
+        out = jnp.power(xf, jnp.asarray(e, xf.dtype))
+    return out.astype(dtype)
+
+
+@lowers(aten.logit.default)
+def _logit(x: Any, eps: float | None = None) -> Any:
+    """CPU's logit: for half inputs each step of log(x / (1 - x)) rounded to the half type (its kernel is
+    written on Vectorized<Half/BFloat16>), with eps clamping to [eps, 1 - eps] in that type."""
+    jnp = _jax().numpy
+    if x.dtype not in (jnp.bfloat16, jnp.float16):
+        from hf_tpu.torchax_compat import load_op_table
+
+        table = load_op_table()[0]
+        return (table.get(aten.logit.default) or table[aten.logit]).func(x, eps)
+    half = x.dtype
+
+    def r(v: Any) -> Any:
+        return jnp.asarray(v, jnp.float32).astype(half).astype(jnp.float32)
+
+    xf = x.astype(jnp.float32)
+    if eps is not None:
+        lo = r(eps)
+        xf = jnp.clip(xf, lo, r(1 - lo))
+    return jnp.log(r(xf / r(1 - xf))).astype(half)
+
+
+# rsqrt: CPU's half kernel is an approximation (an ulp off 1 / sqrt on ~5 in 10^5 values), XLA's float16
+# rsqrt is nearer to it (2 in 10^5) than float32 rounded once (6) or 1 / sqrt (5): left to XLA in the half type
+op_registry.mark("half_as_written", {aten.pow.Tensor_Scalar, aten.rsqrt.default, aten.logit.default})
