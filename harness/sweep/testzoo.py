@@ -31,6 +31,10 @@ runs and the status is the backend's:
                 (as a diffusers pipeline): its train rows are `skipped`, not trainable
     nullgrad    a `pass` with attention over its hidden units whose key bias has a zero gradient in exact
                 arithmetic (softmax ignores a shift shared by all keys): its float32 gradient is rounding noise
+    zerobias    a `pass` with a zero-initialised bias half of whose elements have a zero gradient in exact
+                arithmetic (they are centred over the batch), the other half a real one: AdamW moves the noisy
+                half by about +-lr per step in directions that differ between CPU and tpu (a norm's bias in a
+                Diffusers UNet); the loss is scaled up so that the noise is well above Adam's eps
 
 With HF_TPU_SWEEP_TEST_LOG=path each build appends "<entry_id> <pid>" to that file (exactly-once tests).
 """
@@ -47,13 +51,14 @@ from typing import Any
 from harness.zoo.entry import ZooEntry
 
 KINDS = ("pass", "raise", "compile", "abort", "sleep", "oom", "perturb", "baseline", "missing", "slow", "opaque",
-         "stateful", "recompile", "nullgrad", "pipeline", "tracediff", "numpy")
+         "stateful", "recompile", "nullgrad", "pipeline", "tracediff", "numpy", "zerobias")
 DEFAULT_SET = ("pass", "raise", "compile", "abort", "sleep", "oom", "perturb", "baseline", "missing")
 EXPECTED_STATUS = {
     "pass": "pass", "raise": "fail_to_run", "compile": "compile_fail", "abort": "crash", "sleep": "timeout",
     "oom": "oom", "perturb": "fail_accuracy", "baseline": "baseline_fail", "missing": "not_available",
     "slow": "pass", "opaque": "compile_fail", "stateful": "pass",
     "recompile": "pass", "nullgrad": "pass", "pipeline": "pass", "tracediff": "fail_accuracy", "numpy": "pass",
+    "zerobias": "pass",
 }
 _SPEC_RE = re.compile(r"^([a-z]+)(?:\*(\d+))?$")
 
@@ -127,6 +132,9 @@ def _make_model(kind: str):
             self.calls = 0  # "recompile": Dynamo specializes on it (dynamic=False), a new graph each call
             if kind == "nullgrad":  # created last: the other layers' initial weights are those of `pass`
                 self.key = nn.Linear(32, 32)
+            if kind == "zerobias":
+                self.mix = nn.Linear(32, 32)
+                nn.init.zeros_(self.mix.bias)
 
         def forward(self, x):
             h = torch.nn.functional.gelu(self.fc1(x))
@@ -136,7 +144,12 @@ def _make_model(kind: str):
                 h = _opaque_op()(h)
             if kind == "nullgrad":  # q.(k + b) = q.k + q.b: the same shift for every key, gone after softmax
                 h = torch.softmax(h @ self.key(h).T / 32**0.5, dim=-1) @ h
+            if kind == "zerobias":  # centring over the batch removes the bias of the last 16 units exactly
+                z = self.mix(h)
+                h = torch.tanh(torch.cat([z[:, :16], z[:, 16:] - z[:, 16:].mean(0, keepdim=True)], 1))
             out = self.fc2(h)
+            if kind == "zerobias":
+                out = out * 100.0  # gradients ~1e2: their float32 noise (~1e-6) is far above AdamW's eps (1e-8)
             if kind == "recompile":
                 self.calls += 1
                 out = out + 0.0 * self.calls
@@ -209,7 +222,8 @@ def parse_spec(spec: str) -> list[TestEntry]:
             eid = f"test/{kind}" if count is None else f"test/{kind}_{i:03d}"
             entries.append(TestEntry(
                 id=eid, library="test", model_type=kind, model_class="Tiny",
-                task="test-" + ("regression" if kind in ("pass", "slow", "perturb", "recompile", "nullgrad", "pipeline")
+                task="test-" + ("regression" if kind in ("pass", "slow", "perturb", "recompile", "nullgrad", "pipeline",
+                                                         "zerobias")
                                 else "failure"),
                 available=kind != "missing", reason="not cached offline (test entry)" if kind == "missing" else "",
                 kind=kind,

@@ -2,7 +2,7 @@
 
 import pytest
 
-from harness.sweep import perf, testzoo, train
+from harness.sweep import numerics, perf, testzoo, train
 from harness.sweep.device import get_device
 from harness.sweep.options import SweepOptions
 from harness.sweep.runner import run_entry
@@ -16,6 +16,8 @@ def _train_rows(kind, tmp_path, modes=("eager",), diagnose=False):
     events = []
     run_entry(entry, modes, opts, get_device("tpu"), lambda k, p: events.append((k, p)))
     assert all(p["phase"] == "train" for k, p in events if k == "row")  # no inference rows asked for
+    # nor the inference baseline and reference: the train phase runs its own
+    assert not {"baseline", "reference"} & {p for k, p in events if k == "phase"}, events
     return {p["mode"]: p for k, p in events if k == "row"}
 
 
@@ -158,3 +160,40 @@ def test_data_dependent_outputs_are_left_out_of_the_fixed_loss():
     assert torch.allclose(train.scalar_loss(out), (w * 3).pow(2).mean() + (w * 2).pow(2).mean())
     with pytest.raises(ValueError, match=r"apart from the data-dependent ones \(scores, hidden_states\)"):
         train.scalar_loss(out, ("scores", "hidden_states"))
+
+
+def test_zero_initialised_bias_moved_by_noise_passes_and_a_wrong_optimizer_still_fails(tmp_path, monkeypatch):
+    """A zero-initialised bias half of whose gradient is rounding noise: AdamW moves those elements by +-lr per
+    step in directions CPU and tpu do not share, and the final weight is nothing but those moves. Judged
+    beyond AdamW's amplification of the gradients' permitted rounding (train_weights.py) the row passes with
+    its float64 reference; an optimizer with a 5% larger lr on tpu still fails, on the weights only."""
+    import torch
+
+    from harness.sweep import train_weights
+
+    row = _train_rows("zerobias", tmp_path)["eager"]
+    assert row["status"] == "pass" and row["reference"] == "valid", row
+    # judged as before (no allowance): the noise alone invalidates the reference and fails the row
+    monkeypatch.setattr(train_weights, "allowances", lambda *a, **k: {})
+    row = _train_rows("zerobias", tmp_path / "raw")["eager"]
+    assert row["status"] == "fail_accuracy" and "weight.mix.bias" in row["error_message"], row
+    monkeypatch.undo()
+
+    real = train.make_optimizer
+    monkeypatch.setattr(train, "make_optimizer", lambda params, device: (
+        (torch.optim.AdamW(params, lr=train.LR * 1.05, foreach=True), "AdamW lr x1.05") if device == "tpu"
+        else real(params, device)))
+    row = _train_rows("zerobias", tmp_path / "lr")["eager"]
+    assert row["status"] == "fail_accuracy", row
+    assert "first diverging gradient" not in row["error_message"] and "loss.step1" not in row["error_message"], row
+    # the final weights alone fail too, the zero-initialised bias among them
+    (entry,) = testzoo.parse_spec("test:zerobias")
+    built = entry.build()
+    ref, fp64, tpu = (train.run_steps(built, entry, dev, 3, dtype)["tensors"]
+                      for dev, dtype in ((None, None), (None, torch.float64), ("tpu", None)))
+    tol = numerics.tolerance_for(entry.id, "highest", "float32")
+    allow = train_weights.allowances(ref, fp64, tol, 3, train.LR)
+    weights = [n for n in ref if n.startswith("weight.")]
+    base, judged = train_weights.shrink(ref, fp64, allow), train_weights.shrink(tpu, fp64, allow)
+    failing = [n for n in weights if not numerics.compare_tensor(n, base[n], judged[n], fp64[n], tol)[0]]
+    assert "weight.mix.bias" in failing and len(failing) == len(weights), failing
