@@ -23,7 +23,10 @@ from harness.sweep.options import SweepOptions, worker_threads
 from harness.sweep.tensor_parallel import TP_MODES
 
 POLL_S = 0.05
-STARTUP_TIMEOUT_S = 300.0
+# Wall seconds a worker may take to import torch, JAX and Transformers. A sweep run at nice 19 on a loaded machine
+# (the full-zoo train run beside five helpers, load 16 on 2 cores) got too little CPU to start within 300 s, and
+# after MAX_STARTUP_FAILURES such kills the sweep stopped: HF_TPU_SWEEP_STARTUP_TIMEOUT raises it for such runs.
+STARTUP_TIMEOUT_S = float(os.environ.get("HF_TPU_SWEEP_STARTUP_TIMEOUT", "300"))
 
 
 @dataclass
