@@ -282,7 +282,8 @@ def run_train(mode: str, built: Any, entry: Any, ref: dict, fp64: dict | None, o
         row["status"] = "pass" if cmp.match else "fail_accuracy"
         if cmp.match:
             amplified = train_weights.rescued_note(train_weights.rescued(ref, res, fp64, tol, allow or {}))
-            row["error_message"] = errors.normalise("; ".join(n for n in (null_note(list(null)), amplified,
+            # the allowance's note first: messages are cut at errors.MESSAGE_LIMIT, and it is the rarer one
+            row["error_message"] = errors.normalise("; ".join(n for n in (amplified, null_note(list(null)),
                                                                           cmp.notes) if n))
         else:
             row["error_type"] = "AccuracyError"
