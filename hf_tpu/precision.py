@@ -216,6 +216,57 @@ WIDE_ACCUMULATION_OPS = (frozenset({"mm", "bmm", "matmul", "addmm"})
                          if os.environ.get("HF_TPU_WIDE_BF16_DOTS", "1") != "0" else frozenset())
 
 
+def _transposed_from(a: Any) -> Any:
+    """The array `a` is the last-two-dims transpose of, when that transpose was traced in this program (a
+    `weight.t()` view read inside the op's program, a permute node of a compiled graph); else None. Reads
+    JAX's tracing equation of `a` (DynamicJaxprTracer.parent); without one (a concrete array, another JAX)
+    the caller keeps the general form, which gives the same values more slowly."""
+    eqn = getattr(a, "parent", None)
+    if getattr(getattr(eqn, "primitive", None), "name", None) != "transpose":
+        return None
+    n = a.ndim
+    perm = tuple(getattr(eqn, "params", {}).get("permutation", ()))
+    ins = getattr(eqn, "in_tracers", ())
+    if n < 2 or perm != (*range(n - 2), n - 1, n - 2) or len(ins) != 1:
+        return None
+    return ins[0]
+
+
+def _row_major(a: Any) -> Any:
+    """`a` laid out row-major in memory (a transpose becomes a real copy instead of a strided read)."""
+    from jax.experimental.layout import Layout, with_layout_constraint
+
+    return with_layout_constraint(a, Layout(major_to_minor=tuple(range(a.ndim))))
+
+
+def _canonical_dot(x: Any, y: Any) -> Any:
+    """x @ y (bfloat16, batch dims equal or y 2-D) as a float32-result dot_general in the form XLA:CPU gives to
+    YNNPACK's bfloat16 kernel, or None for other shapes.
+
+    XLA:CPU decides whether a bfloat16 dot runs in bfloat16 (YNNPACK) or is widened to float32 (the operand
+    upcaster) before it folds transposes into the dot, and only a row-major left operand and a right operand
+    that is a row-major parameter or intermediate pass: a transposed operand (every `x @ w.t()` of a linear
+    layer, both dots of a linear layer's backward) made the dot a float32 one, 2x slower, or, for a transposed
+    left operand, XLA's own float32 dot, 2-2.5x slower (GPT-2's LM head 512x768x50257: 0.33 s vs 0.68 s). So
+    a transposed right operand is contracted on its source's last dim (the dimension numbers XLA would fold to
+    anyway), and a transposed left operand is made row-major first (a copy of the smaller operand in every
+    training dot: the activations or gradients, not the weight). The products and float32 sums are the same;
+    the kernel's summation order may differ, as between any two GEMMs."""
+    from jax import lax
+    import jax.numpy as jnp
+
+    n = x.ndim
+    if n < 2 or y.ndim < 2 or (y.ndim != 2 and (y.ndim != n or x.shape[:-2] != y.shape[:-2])):
+        return None
+    batch = tuple(range(n - 2)) if y.ndim == n else ()
+    src = _transposed_from(y)
+    rhs, rhs_contract = (src, y.ndim - 1) if src is not None else (y, y.ndim - 2)
+    if _transposed_from(x) is not None:
+        x = _row_major(x)
+    return lax.dot_general(x, rhs, (((n - 1,), (rhs_contract,)), (batch, batch)),
+                           preferred_element_type=jnp.float32)
+
+
 def wide_accumulation_matmul(op_name: str, args: tuple, kwargs: dict) -> Any:
     """The op's result through a float32-accumulating dot, or None when the op or its dtypes are not ones
     this covers (the caller then runs the op's own lowering)."""
@@ -232,7 +283,10 @@ def wide_accumulation_matmul(op_name: str, args: tuple, kwargs: dict) -> Any:
     bf16 = jnp.bfloat16
     if getattr(x, "dtype", None) != bf16 or getattr(y, "dtype", None) != bf16:
         return None
-    prod = jnp.matmul(x, y, preferred_element_type=jnp.float32).astype(bf16)
+    prod = _canonical_dot(x, y)
+    if prod is None:
+        prod = jnp.matmul(x, y, preferred_element_type=jnp.float32)
+    prod = prod.astype(bf16)
     if bias is None:
         return prod
     if getattr(bias, "dtype", None) != bf16:

@@ -22,14 +22,24 @@ def _bf16_ulps(actual: torch.Tensor, exact: torch.Tensor) -> torch.Tensor:
     return (actual.double() - exact).abs() / spacing
 
 
+def _operands(shape_a: tuple[int, ...], shape_b: tuple[int, ...], transposed: str) -> tuple[torch.Tensor, ...]:
+    """bfloat16 operands of the given logical shapes; `transposed` names those ("a", "b") that are
+    transposed views of a buffer laid out the other way (a linear layer's weight.t(), its backward's x.t())."""
+    def make(shape: tuple[int, ...], t: bool) -> torch.Tensor:
+        if not t:
+            return torch.randn(shape).bfloat16()
+        return torch.randn(*shape[:-2], shape[-1], shape[-2]).bfloat16().transpose(-1, -2)
+    return make(shape_a, "a" in transposed), make(shape_b, "b" in transposed)
+
+
+@pytest.mark.parametrize("transposed", ["", "a", "b", "ab"])
 @pytest.mark.parametrize("case", ["mm", "bmm", "matmul", "addmm", "addmm_scaled"])
-def test_bf16_matmul_is_float32_accumulated_and_rounded_once(case: str) -> None:
+def test_bf16_matmul_is_float32_accumulated_and_rounded_once(case: str, transposed: str) -> None:
     torch.manual_seed(0)
     if case == "bmm":
-        a, b = torch.randn(3, 32, 200), torch.randn(3, 200, 24)
+        a, b = _operands((3, 32, 200), (3, 200, 24), transposed)
     else:
-        a, b = torch.randn(48, 200), torch.randn(200, 40)
-    a, b = a.bfloat16(), b.bfloat16()
+        a, b = _operands((48, 200), (200, 40), transposed)
     bias = torch.randn(b.shape[-1]).bfloat16()
     beta, alpha = (0.5, 2.0) if case == "addmm_scaled" else (1.0, 1.0)
     exact = a.double() @ b.double()
@@ -82,3 +92,39 @@ def test_other_dtypes_keep_their_lowering() -> None:
     # mixed operands are not this path's (PyTorch refuses them; a decomposition could still pass them)
     assert precision.wide_accumulation_matmul("mm", (jnp.ones((2, 2), jnp.bfloat16),
                                                      jnp.ones((2, 2), jnp.float32)), {}) is None
+
+
+def _widened_operands(text: str, shapes: list[tuple[int, ...]]) -> list[str]:
+    """Instructions of an optimised HLO module that make a float32 copy of a bfloat16 operand (either
+    orientation): XLA:CPU widening the dot to float32 instead of giving it to YNNPACK's bfloat16 kernel."""
+    dims = {",".join(map(str, s)) for shape in shapes for s in (shape, (*shape[:-2], shape[-1], shape[-2]))}
+    return [line.strip() for line in text.splitlines()
+            if re.search(r"= f32\[([0-9,]*)\]", line) and re.search(r"= f32\[([0-9,]*)\]", line).group(1) in dims]
+
+
+@pytest.mark.parametrize("full", [False, True])
+@pytest.mark.parametrize("transposed", ["a", "b", "ab"])
+@pytest.mark.parametrize("op", [aten.mm.default, aten.bmm.default, aten.addmm.default])
+def test_bf16_dot_with_transposed_operands_stays_bfloat16(op: object, transposed: str, full: bool) -> None:
+    # a transposed operand (weight.t() in a linear layer, x.t() in its weight gradient) made XLA:CPU widen the
+    # dot to float32 (a right operand) or to its own float32 dot (a left one), 2-2.5x slower: the dot is given
+    # in a form YNNPACK's bfloat16 kernel takes (precision._canonical_dot)
+    from hf_tpu import runtime, xla_options
+
+    jax = runtime.jax()
+    jnp = jax.numpy
+    batch = (2,) if op is aten.bmm.default else ()
+    m, k, n = 24, 40, 56
+    a = jnp.ones((*batch, k, m) if "a" in transposed else (*batch, m, k), jnp.bfloat16)
+    b = jnp.ones((*batch, n, k) if "b" in transposed else (*batch, k, n), jnp.bfloat16)
+    fn = lowering.find(op)
+
+    def program(a: object, b: object) -> object:
+        a = jnp.swapaxes(a, -1, -2) if "a" in transposed else a  # as a view is read inside an op's program
+        b = jnp.swapaxes(b, -1, -2) if "b" in transposed else b
+        return fn(jnp.zeros((n,), jnp.bfloat16), a, b) if op is aten.addmm.default else fn(a, b)
+
+    jit = xla_options.jit_full if full else jax.jit
+    text = jit(program).lower(a, b).compile().as_text()
+    assert "__ynn_fusion" in text
+    assert _widened_operands(text, [(*batch, m, k), (*batch, k, n)]) == []
