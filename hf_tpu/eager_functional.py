@@ -18,6 +18,7 @@ from torch.utils import _pytree as pytree
 
 from hf_tpu import (backward_lowerings, decomposed, devices, dtypes, float8, fused, lowering, op_jit, op_registry,
                     plans, precision, program_bound, runtime)
+from hf_tpu import host_copy
 from hf_tpu import tensor as T
 from hf_tpu.errors import TpuOpError
 from hf_tpu.op_dtypes import integral_promotion, leaves, map_args, meta_dtypes, wrap_outputs
@@ -46,7 +47,7 @@ def cpu_fallback(op: Any, args: tuple, kwargs: dict) -> Any:
     """`op` run by PyTorch's CPU kernel on copies of its tpu arguments; the results moved to tpu."""
     def to_cpu(x: Any) -> Any:
         if isinstance(x, torch.Tensor) and x.device.type == "tpu":
-            return T.to_cpu(T.value(x), x.dtype)
+            return host_copy.to_cpu(T.value(x), x.dtype)
         if isinstance(x, torch.device) and x.type == "tpu":
             return torch.device("cpu")
         return x
@@ -55,7 +56,7 @@ def cpu_fallback(op: Any, args: tuple, kwargs: dict) -> Any:
     res = op(*cargs, **ckwargs)
     with _lock:
         _fallback_counts[lowering.op_name(op)] += 1
-    return pytree.tree_map_only(torch.Tensor, lambda t: T.wrap(T.from_cpu(t), t.dtype), res)
+    return pytree.tree_map_only(torch.Tensor, lambda t: T.wrap(host_copy.from_cpu(t), t.dtype), res)
 
 
 # ---------------------------------------------------------------------------------------------- devices
@@ -85,7 +86,7 @@ def _unwrap(op: Any, x: Any) -> Any:
         if x.device.type == "tpu":
             return T.operand(x)  # a view stays geometry: the op's program reads it (op_jit)
         if x.dim() == 0 or op.__name__.split(".")[0] in _CPU_INDEX_OK:
-            return T.from_cpu(x)  # a CPU scalar tensor acts as a scalar, as on CUDA
+            return host_copy.from_cpu(x)  # a CPU scalar tensor acts as a scalar, as on CUDA
         raise mixed_device_error(op, x)
     if isinstance(x, torch.device):
         check_device(x)

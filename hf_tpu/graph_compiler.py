@@ -16,6 +16,7 @@ from torch.utils import _pytree as pytree
 
 from hf_tpu import (backward_lowerings, counters, dtypes, float8, fused, lowering, op_registry, precision, rng,
                     xla_options)
+from hf_tpu import host_copy
 from hf_tpu import tensor as T
 from hf_tpu.op_registry import lowers
 from hf_tpu.torchax_compat import load_op_table
@@ -135,7 +136,7 @@ def to_jax_function(gm: torch.fx.GraphModule,
                 env[n] = next(it)
             elif n.op == "get_attr":
                 attr = getattr(gm, n.target)
-                env[n] = T.from_cpu(attr) if attr.device.type == "cpu" else T.value(attr)
+                env[n] = host_copy.from_cpu(attr) if attr.device.type == "cpu" else T.value(attr)
             elif n.op == "call_function":
                 args, kwargs = _mutable(torch.fx.node.map_arg((n.args, n.kwargs), lambda a: env[a]))
                 if n in strided_from:
@@ -237,7 +238,7 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: list[Any], options: 
         jargs = []
         for a in args:
             if isinstance(a, torch.Tensor):
-                jargs.append(T.value(a) if a.device.type == "tpu" else T.from_cpu(a))
+                jargs.append(T.value(a) if a.device.type == "tpu" else host_copy.from_cpu(a))
             else:
                 jargs.append(a)
         args.clear()  # boxed calling convention: let inputs be freed early
@@ -261,7 +262,7 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: list[Any], options: 
                 x = x.item()
             elif hasattr(x, "dtype") and hasattr(x, "shape"):
                 dt = dt or dtypes.to_torch(x.dtype)
-                x = T.wrap(x, dt) if (on_tpu if tpu is None else tpu) else T.to_cpu(x, dt)
+                x = T.wrap(x, dt) if (on_tpu if tpu is None else tpu) else host_copy.to_cpu(x, dt)
             res.append(x)
         return list(pytree.tree_unflatten(res, spec))
 

@@ -233,6 +233,7 @@ def _lists_written(op: Any) -> list[int]:
 
 def eager_kernel(op: Any) -> Callable[..., None]:
     """The tpu kernel of in-place `op` (`_fused_adamw_`, ...): every list it writes, from one program."""
+    from hf_tpu import host_copy
     from hf_tpu import tensor as T
 
     fn, traced_names = _INPLACE[op]
@@ -249,7 +250,7 @@ def eager_kernel(op: Any) -> Callable[..., None]:
         traced, statics = {}, []
         for name, v in kwargs.items():
             if isinstance(v, torch.Tensor):
-                traced[name] = T.value(v) if v.device.type == "tpu" else T.from_cpu(v)
+                traced[name] = T.value(v) if v.device.type == "tpu" else host_copy.from_cpu(v)
             elif name in traced_names:
                 traced[name] = v  # a Python float: a traced argument of the program, not a constant in it
             elif v is not None:

@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from hf_tpu import devices, dtypes, float8, fused, runtime
+from hf_tpu import host_copy
 from hf_tpu import tensor as T
 from hf_tpu.eager_functional import check_device, run_functional
 from hf_tpu.op_dtypes import map_args
@@ -53,9 +54,9 @@ def copy_from(src: torch.Tensor, dst: torch.Tensor, non_blocking: bool = False) 
             elif not (fused.ACTIVE and T.defer_write(dst, src)):
                 T.assign(dst, T.value(src))
         else:
-            T.assign(dst, T.from_cpu(src, index=dst.device.index if _MULTI else None))
+            T.assign(dst, host_copy.from_cpu(src, index=dst.device.index if _MULTI else None))
         return dst
-    T.copy_to_cpu(T.value(src), src.dtype, dst)
+    host_copy.copy_to_cpu(T.value(src), src.dtype, dst)
     return dst
 
 
@@ -71,7 +72,7 @@ def copy_from_and_resize(src: torch.Tensor, dst: torch.Tensor) -> torch.Tensor:
             if src.device.type == "tpu":
                 T.replace(dst, _moved(T.value(src), dst) if _MULTI else T.value(src))
             else:
-                T.replace(dst, T.from_cpu(src, index=dst.device.index if _MULTI else None))
+                T.replace(dst, host_copy.from_cpu(src, index=dst.device.index if _MULTI else None))
             return dst
         dst.resize_(src.shape)
     return copy_from(src, dst)

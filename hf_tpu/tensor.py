@@ -22,7 +22,6 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
 import torch
 
 from hf_tpu import devices, dtypes, float8, fused, memory, views
@@ -478,76 +477,6 @@ def view_reshape(src: torch.Tensor, size: list[int]) -> torch.Tensor:
         out.untyped_storage()._hf_tpu = Payload(p.buf, None)
         return out
     return make_view(src, size, list(views._contiguous_strides(size)), 0)
-
-
-def from_cpu(t: torch.Tensor, adopt: bool = False, index: int | None = None) -> Any:
-    """A CPU tensor's value as a JAX array: one copy (jnp.asarray measured two). The copy is made in numpy
-    because on XLA:CPU device_put may alias the numpy buffer, which the CPU tensor could later change.
-    `adopt=True` is for a buffer nobody else will touch (a tensor just read from a checkpoint): the array
-    then shares its memory where XLA can (XLA:CPU, aligned data), and no copy is made. JAX arrays are
-    immutable, so the shared memory is only ever read: the one program that takes donated buffers (the fused
-    optimizer step, optim_lowerings.py) gets a new buffer from XLA:CPU for a donated array whose memory is
-    not XLA's own (checked: the host memory is left as it was). `index`: the tpu
-    device to put it on (with several devices); None leaves it to JAX's default device, uncommitted, so that
-    a program with arrays of another device takes it there (a CPU scalar operand)."""
-    from hf_tpu import runtime
-
-    jax = runtime.jax()
-    dtypes.check(t.dtype)
-    t = t.detach().resolve_conj().resolve_neg()
-    if t.dtype == torch.bfloat16:
-        import ml_dtypes  # JAX's own numpy bfloat16
-
-        # torch will not hand numpy a bfloat16 array: move the bits, then view them as ml_dtypes' bfloat16
-        host = t.contiguous().view(torch.int16).numpy().view(ml_dtypes.bfloat16)
-    elif t.dtype in float8.DTYPES:  # likewise float8
-        host = float8.to_host(t.contiguous())
-    else:
-        host = t.contiguous().numpy()
-    where = jax_device(index) if _MULTI and index is not None else None
-    if adopt:
-        return jax.device_put(host, where, may_alias=True)
-    # One copy: into a buffer aligned so that XLA:CPU adopts it instead of copying again (device_put with
-    # may_alias=False still aliases a numpy view of torch memory, and reads it asynchronously).
-    buf = aligned_empty(host.nbytes).view(host.dtype).reshape(host.shape)
-    np.copyto(buf, host, casting="no")
-    return jax.device_put(buf, where, may_alias=True)
-
-
-XLA_ALIGN = 64  # XLA:CPU adopts host memory only at this alignment; it copies anything else
-
-
-def aligned_empty(nbytes: int) -> np.ndarray:
-    """An uninitialised uint8 host buffer of `nbytes` at XLA:CPU's adoption alignment."""
-    raw = np.empty(nbytes + XLA_ALIGN, np.uint8)
-    start = -raw.ctypes.data % XLA_ALIGN
-    return raw[start:start + nbytes]
-
-
-def to_cpu(array: Any, dtype: torch.dtype) -> torch.Tensor:
-    """A JAX array's value as a new CPU tensor of `dtype`."""
-    a = np.asarray(array)
-    if dtype == torch.bfloat16:
-        return torch.from_numpy(a.view(np.int16).copy()).view(torch.bfloat16)
-    if dtype in float8.DTYPES:
-        return float8.from_host(a, dtype)
-    return torch.from_numpy(np.array(a, copy=True)).to(dtype)
-
-
-def copy_to_cpu(array: Any, src_dtype: torch.dtype, dst: torch.Tensor) -> None:
-    """Write a JAX array (of a tpu tensor of `src_dtype`) into the CPU tensor `dst`, with no intermediate
-    copy where dtypes and layout allow: np.asarray of an XLA:CPU array is a view of its memory."""
-    if src_dtype == dst.dtype and dst.is_contiguous() and tuple(array.shape) == tuple(dst.shape) \
-            and not dst.is_conj() and not dst.is_neg():
-        a = np.asarray(array)
-        try:
-            d = (dst.view(torch.int16) if dst.dtype == torch.bfloat16 else dst).detach().numpy()
-        except (TypeError, RuntimeError):  # a dtype numpy lacks
-            d = None
-        if d is not None:
-            np.copyto(d, a.view(np.int16) if dst.dtype == torch.bfloat16 else a, casting="no")
-            return
-    dst.copy_(to_cpu(array, src_dtype))
 
 
 def _jnp() -> Any:

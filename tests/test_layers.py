@@ -35,7 +35,7 @@ HF_TPU_LAYERS: list[tuple[str, list[str]]] = [
                                   "hf_tpu.special_polynomials", "hf_tpu.segment_reduce",
                                   "hf_tpu.fractional_pool", "hf_tpu.histogram", "hf_tpu.half_kernels"]),
     ("fused eager mode's recorder", ["hf_tpu.fused"]),
-    ("tpu tensors", ["hf_tpu.tensor"]),
+    ("tpu tensors and host copies", ["hf_tpu.tensor", "hf_tpu.host_copy"]),
     ("programs of one op, decompositions run as programs, plans, torch.save, optimizer kernels",
      ["hf_tpu.op_jit", "hf_tpu.decomposed", "hf_tpu.plans", "hf_tpu.serialization", "hf_tpu.optim_lowerings"]),
     ("the eager lowering table", ["hf_tpu.lowering"]),

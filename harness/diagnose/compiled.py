@@ -179,8 +179,10 @@ def _on_cpu(obj: Any) -> Any:
 
 
 def _to_jax(obj: Any, T) -> Any:
+    from hf_tpu import host_copy
+
     if isinstance(obj, torch.Tensor):
-        return T.from_cpu(obj)
+        return host_copy.from_cpu(obj)
     if isinstance(obj, dict):
         return {k: _to_jax(v, T) for k, v in obj.items()}
     if isinstance(obj, list):
@@ -193,10 +195,12 @@ def _to_jax(obj: Any, T) -> Any:
 
 
 def _from_jax(res: Any, like: Any, T, dtypes) -> Any:
+    from hf_tpu import host_copy
+
     if isinstance(like, torch.Tensor):
         if not hasattr(res, "shape"):
             return None
-        out = T.to_cpu(res, like.dtype)
+        out = host_copy.to_cpu(res, like.dtype)
         if tuple(out.shape) != tuple(like.shape) and out.numel() == like.numel():
             out = out.reshape(like.shape)
         return out

@@ -14,11 +14,12 @@ from typing import Any
 def cpu_to_tpu(t: Any, adopt: bool, index: int | None = None) -> Any:
     """`t` as a tensor of tpu:`index` (None: the current device); with `adopt`, the device array may share
     `t`'s memory (t must not be used again)."""
+    from hf_tpu import host_copy
     from hf_tpu import tensor as T
 
     if index is None:
         index = T.op_index()  # "tpu": the current device, as t.to("tpu") would
-    if adopt and t.data_ptr() % T.XLA_ALIGN:
+    if adopt and t.data_ptr() % host_copy.XLA_ALIGN:
         # A checkpoint's tensors sit wherever its header ends (safetensors aligns to 8 bytes), so XLA would
         # copy this one out of the mapping now, pulling the file's pages into this process's RSS beside
         # the copy. Instead the tensor reads its bytes from the file (pread, into an aligned buffer XLA
@@ -27,7 +28,7 @@ def cpu_to_tpu(t: Any, adopt: bool, index: int | None = None) -> Any:
         if where is not None:
             return T.wrap_lazy(tuple(t.shape), t.dtype, functools.partial(read_range, *where, t.dtype,
                                                                           tuple(t.shape)), index)
-    return T.wrap(T.from_cpu(t, adopt=adopt, index=index), t.dtype)
+    return T.wrap(host_copy.from_cpu(t, adopt=adopt, index=index), t.dtype)
 
 
 class OpenFile:
@@ -85,13 +86,13 @@ def read_range(f: OpenFile, pos: int, nbytes: int, dtype: Any, shape: tuple[int,
     a 64-byte-aligned host buffer that XLA:CPU adopts (one copy of the data, outside the page cache)."""
     import torch
 
-    from hf_tpu import tensor as T
+    from hf_tpu import host_copy
 
-    buf = T.aligned_empty(nbytes)
+    buf = host_copy.aligned_empty(nbytes)
     view = memoryview(buf)
     while view.nbytes:
         n = os.preadv(f.fd, [view], pos)
         if n <= 0:
             raise OSError(f"hf_tpu: checkpoint file ended early while reading {nbytes} bytes at offset {pos}")
         view, pos = view[n:], pos + n
-    return T.from_cpu(torch.from_numpy(buf).view(dtype).reshape(shape), adopt=True)
+    return host_copy.from_cpu(torch.from_numpy(buf).view(dtype).reshape(shape), adopt=True)

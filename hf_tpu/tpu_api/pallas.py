@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from hf_tpu import dtypes, tensor as T
+from hf_tpu import dtypes, host_copy, tensor as T
 
 
 def _is_array_annotation(ann: Any) -> bool:
@@ -49,12 +49,12 @@ def _return_type(ann: Any) -> tuple[str, int | None]:
 def _to_jax(x: Any) -> Any:
     if not isinstance(x, torch.Tensor):
         return x
-    return T.value(x) if x.device.type == "tpu" else T.from_cpu(x)
+    return T.value(x) if x.device.type == "tpu" else host_copy.from_cpu(x)
 
 
 def _to_torch(a: Any, device: torch.device) -> torch.Tensor:
     dt = dtypes.to_torch(a.dtype)
-    return T.wrap(a, dt) if device.type == "tpu" else T.to_cpu(a, dt)
+    return T.wrap(a, dt) if device.type == "tpu" else host_copy.to_cpu(a, dt)
 
 
 def jax_op(name: str, fn: Callable[..., Any] | None = None, /, *, donate_argnums: Sequence[int] | None = None,

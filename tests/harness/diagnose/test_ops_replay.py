@@ -48,6 +48,7 @@ def test_compiled_graph_replay_gives_lowerings_mutable_lists() -> None:
     from harness.diagnose.compiled import _to_jax
     from hf_tpu import lowering
     from hf_tpu import precision as hp
+    from hf_tpu import host_copy
     from hf_tpu import tensor as T
 
     x, w = torch.randn(1, 3, 8, 8), torch.randn(4, 3, 2, 2)
@@ -58,4 +59,4 @@ def test_compiled_graph_replay_gives_lowerings_mutable_lists() -> None:
     with hp.forced("highest"):
         out = lowering.find(torch.ops.aten.convolution.default)(*jargs)
     ref = torch.ops.aten.convolution.default(*args)
-    assert torch.allclose(T.to_cpu(out, torch.float32), ref, atol=1e-5)
+    assert torch.allclose(host_copy.to_cpu(out, torch.float32), ref, atol=1e-5)
