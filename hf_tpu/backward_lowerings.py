@@ -253,3 +253,22 @@ _BACKWARD = op_registry.table("backward")
 def find(op: Any) -> Callable[..., Any] | None:
     """The lowering of backward op `op`, or None."""
     return _BACKWARD.get(op)
+
+
+@lowers(aten.masked_scatter_backward.default, kind="backward")
+def _masked_scatter_backward(grad: Any, mask: Any, sizes: Any) -> Any:
+    """The source's gradient of `masked_scatter` (every VLM scatters its image features into the text
+    embeddings so): the gradient at the masked positions in order, zero-padded to the source's size, as
+    PyTorch's `masked_select(grad, mask)` + pad. Written with static shapes (a cumulative count gives each
+    masked element its place in the source) because masked_select's size depends on the data, which a
+    compiled XLA program cannot have; compiled training of every VLM failed on the missing lowering."""
+    jnp = _jax().numpy
+    numel = 1
+    for s in sizes:
+        numel *= int(s)
+    m = jnp.broadcast_to(mask, grad.shape).reshape(-1)
+    place = jnp.cumsum(m.astype(jnp.int32)) - 1
+    # positions not masked (or past the source's end) go to index `numel`, which mode="drop" discards
+    idx = jnp.where(m & (place < numel), place, numel)
+    out = jnp.zeros((numel,), grad.dtype).at[idx].set(grad.reshape(-1), mode="drop")
+    return out.reshape(tuple(int(s) for s in sizes))
