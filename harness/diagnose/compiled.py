@@ -109,9 +109,8 @@ def locate_in_graphs(graphs: list[Graph], precision: str, tol, want_op: str = ""
 
 
 def _walk(g: Graph, precision: str, tol, want_op: str, compare_values: bool) -> NodeFinding | None:
-    from hf_tpu import dtypes, lowering
+    from hf_tpu import lowering
     from hf_tpu import precision as hp
-    from hf_tpu import tensor as T
 
     env: dict[torch.fx.Node, Any] = {}
     it = iter(_cpu_env_inputs(g))
@@ -149,7 +148,7 @@ def _walk(g: Graph, precision: str, tol, want_op: str, compare_values: bool) -> 
             continue
         try:
             jargs, jkwargs = torch.fx.node.map_arg((args, kwargs), lambda a: a)
-            jargs, jkwargs = _to_jax((jargs, jkwargs), T)
+            jargs, jkwargs = _to_jax((jargs, jkwargs))
             with hp.forced(precision):
                 res = fn(*jargs, **jkwargs)
         except Exception as exc:  # noqa: BLE001
@@ -158,7 +157,7 @@ def _walk(g: Graph, precision: str, tol, want_op: str, compare_values: bool) -> 
                                    f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}")
             continue
         if compare_values and cpu_out is not None and flat_tensors(cpu_out):
-            out_cpu = _from_jax(res, cpu_out, T, dtypes)
+            out_cpu = _from_jax(res, cpu_out)
             diffs = compare_trees(cpu_out, out_cpu, None, tol) if out_cpu is not None else []
             if diffs and not all(d.match for d in diffs):
                 call.out = clone_cpu(cpu_out)
@@ -178,23 +177,23 @@ def _on_cpu(obj: Any) -> Any:
     return obj
 
 
-def _to_jax(obj: Any, T) -> Any:
+def _to_jax(obj: Any) -> Any:
     from hf_tpu import host_copy
 
     if isinstance(obj, torch.Tensor):
         return host_copy.from_cpu(obj)
     if isinstance(obj, dict):
-        return {k: _to_jax(v, T) for k, v in obj.items()}
+        return {k: _to_jax(v) for k, v in obj.items()}
     if isinstance(obj, list):
         # a plain list, not the FX node's immutable_list: some lowerings edit their list arguments in place
         # (torchax's convolution its padding), which immutable_list refuses with a TypeError
-        return [_to_jax(v, T) for v in obj]
+        return [_to_jax(v) for v in obj]
     if isinstance(obj, tuple):
-        return type(obj)(_to_jax(v, T) for v in obj)
+        return type(obj)(_to_jax(v) for v in obj)
     return obj
 
 
-def _from_jax(res: Any, like: Any, T, dtypes) -> Any:
+def _from_jax(res: Any, like: Any) -> Any:
     from hf_tpu import host_copy
 
     if isinstance(like, torch.Tensor):
@@ -205,7 +204,7 @@ def _from_jax(res: Any, like: Any, T, dtypes) -> Any:
             out = out.reshape(like.shape)
         return out
     if isinstance(like, (list, tuple)) and isinstance(res, (list, tuple)) and len(res) == len(like):
-        return type(like)(_from_jax(r, x, T, dtypes) for r, x in zip(res, like, strict=True))
+        return type(like)(_from_jax(r, x) for r, x in zip(res, like, strict=True))
     return None
 
 

@@ -206,7 +206,8 @@ def tensor_scale(ref, fp64=None) -> float:
     return _rms(fp64 if usable else ref)
 
 
-def _multiplier(tol: Tolerance, res, fp64) -> float:
+def multiplier(tol: Tolerance, res, fp64) -> float:
+    """How many times the baseline's error against float64 a result of `res`'s dtype and size may have."""
     import torch
 
     if tol.multiplier is not None:
@@ -215,6 +216,14 @@ def _multiplier(tol: Tolerance, res, fp64) -> float:
     if fp64.numel() < SMALL_NUMEL or (res.ndim == 4 and res.shape[-1] == res.shape[-2] == 1) or tol.tol >= 2e-2:
         m = MULTIPLIER_LOW_PRECISION
     return m
+
+
+def error_bound(tol: Tolerance, baseline, fp64) -> float:
+    """The largest rmse(fp64, result) the rule accepts for a tensor whose baseline is `baseline` and float64
+    reference `fp64` (same shape): multiplier x the baseline's own error + the floor x the tensor's scale. The
+    train phase's weight allowances (train_weights.py) start from it."""
+    f, b = fp64.detach().double(), baseline.detach().double()
+    return multiplier(tol, b, f) * _rmse(f, b) + tol.floor_value * tensor_scale(b, f)
 
 
 def _nanmax(values: list[float], default: float = math.nan) -> float:
@@ -293,7 +302,7 @@ def compare_tensor(name: str, ref, res, fp64, tol: Tolerance) -> tuple[bool, dic
                                      f"{scale:.3g} (max abs err {m['max_abs_err']:.3g}), no valid fp64 reference")
     if not _nonfinite_agree(r, s):
         return False, m, f"{name}: non-finite values differ from the baseline's"
-    mult = _multiplier(tol, res.detach().cpu(), fp64)
+    mult = multiplier(tol, res.detach().cpu(), fp64)
     bound = mult * ref_err + tol.floor_value * scale
     ok = res_err <= bound
     reason = "" if ok else (

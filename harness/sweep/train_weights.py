@@ -50,9 +50,7 @@ def allowances(ref: dict, fp64: dict | None, tol: numerics.Tolerance, steps: int
         g = g.detach().double()
         if f is not None and tuple(f.shape) == tuple(g.shape):
             truth = f.detach().double()
-            scale = numerics.tensor_scale(g, truth)
-            # the rule's bound on tpu's gradient error (same()'s multiplier for this tensor)
-            noise = numerics._multiplier(tol, g, truth) * numerics._rmse(truth, g) + tol.floor_value * scale
+            noise = numerics.error_bound(tol, g, truth)  # the rule's bound on tpu's gradient error
         else:
             truth = g
             noise = tol.tol * numerics.tensor_scale(g)

@@ -49,12 +49,11 @@ def test_compiled_graph_replay_gives_lowerings_mutable_lists() -> None:
     from hf_tpu import lowering
     from hf_tpu import precision as hp
     from hf_tpu import host_copy
-    from hf_tpu import tensor as T
 
     x, w = torch.randn(1, 3, 8, 8), torch.randn(4, 3, 2, 2)
     args = (x, w, None, immutable_list([2, 2]), immutable_list([0, 0]), immutable_list([1, 1]), False,
             immutable_list([0, 0]), 1)
-    jargs = _to_jax(args, T)
+    jargs = _to_jax(args)
     assert all(type(a) is list for a in jargs if isinstance(a, list))
     with hp.forced("highest"):
         out = lowering.find(torch.ops.aten.convolution.default)(*jargs)

@@ -37,10 +37,10 @@ def test_fp64_rule_passes_within_multiplier_and_fails_beyond():
 def test_multiplier_follows_same():
     big, small = torch.zeros(2000, dtype=torch.float64), torch.zeros(10, dtype=torch.float64)
     t = Tolerance(1e-4)
-    assert numerics._multiplier(t, torch.zeros(2000), big) == 2.0
-    assert numerics._multiplier(t, torch.zeros(2000, dtype=torch.bfloat16), big) == 3.0
-    assert numerics._multiplier(t, torch.zeros(10), small) == 3.0  # small tensors: noise dominates
-    assert numerics._multiplier(Tolerance(1e-4, multiplier=7.0), torch.zeros(10), small) == 7.0
+    assert numerics.multiplier(t, torch.zeros(2000), big) == 2.0
+    assert numerics.multiplier(t, torch.zeros(2000, dtype=torch.bfloat16), big) == 3.0
+    assert numerics.multiplier(t, torch.zeros(10), small) == 3.0  # small tensors: noise dominates
+    assert numerics.multiplier(Tolerance(1e-4, multiplier=7.0), torch.zeros(10), small) == 7.0
 
 
 def test_shape_and_name_mismatch_fail():
