@@ -146,8 +146,7 @@ def calibrate_batch_norms(model: torch.nn.Module, run: Callable[[], Any]) -> int
     """Re-seed every batch norm of `model` (scale 1, shift 0) and set its running statistics to the per-channel
     mean and variance of its input during one `run()`. On failure the model is restored. Returns the count."""
     norms = batch_norms(model)
-    saved = [{k: getattr(m, k).detach().clone() for k in _STATS if isinstance(getattr(m, k, None), torch.Tensor)}
-             for m in norms]
+    saved = _norm_state(norms)
 
     def calibrate(module: torch.nn.Module, x: torch.Tensor) -> None:
         dims = [d for d in range(x.dim()) if d != 1]
@@ -166,12 +165,23 @@ def calibrate_batch_norms(model: torch.nn.Module, run: Callable[[], Any]) -> int
         with torch.no_grad(), _pre_hooks(norms, calibrate):
             run()
     except BaseException:
-        with torch.no_grad():
-            for m, state in zip(norms, saved):  # the model as it was: a half-calibrated one is neither
-                for k, v in state.items():
-                    getattr(m, k).copy_(v)
+        _restore(norms, saved)  # the model as it was: a half-calibrated one is neither
         raise
     return len(norms)
+
+
+def _norm_state(norms: list[torch.nn.Module]) -> list[dict[str, torch.Tensor]]:
+    """A copy of what calibration changes (each norm's weight, bias and running statistics), nothing else:
+    cloning the whole state_dict would double a large model's weights in memory for a few vectors."""
+    return [{k: getattr(m, k).detach().clone() for k in _STATS if isinstance(getattr(m, k, None), torch.Tensor)}
+            for m in norms]
+
+
+def _restore(norms: list[torch.nn.Module], saved: list[dict[str, torch.Tensor]]) -> None:
+    with torch.no_grad():
+        for m, state in zip(norms, saved, strict=True):
+            for k, v in state.items():
+                getattr(m, k).copy_(v)
 
 
 def keep_alive(built: Any, seed: int = 0) -> str:
@@ -198,14 +208,15 @@ def keep_alive(built: Any, seed: int = 0) -> str:
         bound = SELECTION_ILL_CONDITIONED
     if not why:
         return ""
-    saved = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    norms = batch_norms(model)
+    saved = _norm_state(norms)
     try:
         n = calibrate_batch_norms(model, run)
     except Exception:  # noqa: BLE001
         return ""
     drift = float64_drift(built, seed)
     if drift > bound:
-        model.load_state_dict(saved)  # reported as the uninformative pass it is, not as a backend failure
+        _restore(norms, saved)  # reported as the uninformative pass it is, not as a backend failure
         built.notes["calibration_reverted"] = {"was": why, "float64_drift": drift}
         return ""
     built.notes["calibrated_batch_norms"] = {"count": n, "was": why, "float64_drift": drift}
