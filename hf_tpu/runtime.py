@@ -82,10 +82,13 @@ def _cpu_only() -> bool:
 def add_fast_compile_flags() -> None:
     """Add FAST_COMPILE_FLAGS to XLA_FLAGS, if JAX has not started a backend yet (XLA reads its flags then).
     Called before anything of ours imports JAX (here, and before torchax is imported); asks for the tpu
-    devices' JAX CPU devices at the same moment (devices.py)."""
-    from hf_tpu import devices
+    devices' JAX CPU devices at the same moment (devices.py), and limits glibc's malloc arenas before JAX's
+    threads first allocate (host_malloc.py: peak RSS), as both must happen before JAX starts."""
+    from hf_tpu import devices, host_malloc
 
     devices.add_xla_flag()
+    if _cpu_only():  # tpu tensors' buffers live in this process's heap only when JAX runs on the host CPU
+        host_malloc.limit_arenas()
     if os.environ.get("HF_TPU_XLA_FAST_COMPILE", "1") == "0" or not _cpu_only():
         return
     bridge = sys.modules.get("jax._src.xla_bridge")
