@@ -240,6 +240,13 @@ lowers(aten.reflection_pad1d_backward.default, kind="backward")(_grad_of_self(at
 lowers(aten.reflection_pad3d_backward.default, kind="backward")(_grad_of_self(aten.reflection_pad3d.default))
 lowers(aten.grid_sampler_2d_backward.default, kind="backward")(_grid_sampler(aten.grid_sampler_2d.default))
 lowers(aten.grid_sampler_3d_backward.default, kind="backward")(_grid_sampler(aten.grid_sampler_3d.default))
+# Elementwise and loss backwards PyTorch has neither a PrivateUse1 kernel nor a decomposition for: the VJP of
+# the forward's decomposition (softshrink/hardshrink zero the gradient on [-lambd, lambd], as CPU's kernels).
+lowers(aten.softshrink_backward.default, kind="backward")(_grad_of_self(aten.softshrink.default))
+lowers(aten.hardshrink_backward.default, kind="backward")(_grad_of_self(aten.hardshrink.default))
+lowers(aten.multi_margin_loss_backward.default, kind="backward")(_grad_of_self(aten.multi_margin_loss.default))
+
+
 for _name in ("upsample_nearest1d", "upsample_nearest2d", "upsample_nearest3d", "_upsample_nearest_exact1d",
               "_upsample_nearest_exact2d", "_upsample_nearest_exact3d", "upsample_linear1d", "upsample_bilinear2d",
               "upsample_bicubic2d", "upsample_trilinear3d", "_upsample_bilinear2d_aa", "_upsample_bicubic2d_aa"):

@@ -36,7 +36,29 @@ class UnsupportedDtypeError(TypeError):
     pass
 
 
+class DeclaredUnsupportedDtype(UnsupportedDtypeError, NotImplementedError):
+    """A dtype of DECLARED: also a NotImplementedError, as errors.Unsupported, so lowerings that meet it inside
+    an op let it through unwrapped."""
+
+
+# Dtypes declared unsupported (docs/device.md, "Declared unsupported"): the reason and the alternative. The
+# message has errors.Unsupported's form ("hf_tpu: X is not supported on tpu: why. instead"), so the OpInfo parity
+# run counts these pairs apart.
+DECLARED: dict[torch.dtype, tuple[str, str]] = {
+    torch.complex32: ("XLA has no complex type of two float16 halves (complex32, torch.chalf); widening to "
+                      "complex64 would change the result's dtype",
+                      "Use complex64 (x.to(torch.complex64), or compute in float16 and call torch.complex on "
+                      "float32 parts)"),
+    torch.uint64: ("tpu tensors hold signed 64-bit integers only; PyTorch's CPU has uint64 kernels for a few "
+                   "ops (hash_tensor, bit ops, copies) and none for arithmetic",
+                   "Use int64 (the same bits: x.view(torch.int64) on CPU), or run the op on CPU"),
+}
+
+
 def check(dtype: torch.dtype) -> torch.dtype:
+    if dtype in DECLARED:
+        why, instead = DECLARED[dtype]
+        raise DeclaredUnsupportedDtype(f"hf_tpu: dtype {dtype} is not supported on tpu: {why}. {instead}")
     if dtype not in SUPPORTED_DTYPES:
         names = ", ".join(str(d).removeprefix("torch.") for d in _SUPPORTED)
         raise UnsupportedDtypeError(

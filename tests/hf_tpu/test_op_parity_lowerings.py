@@ -1,0 +1,84 @@
+"""Lowerings added for the OpInfo parity run's failure groups (issue 26), each checked against CPU on inputs
+that cover every branch of CPU's kernel (the OpInfo samples touch only a few values)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import op_parity
+
+F = torch.nn.functional
+
+
+def _close(expected: torch.Tensor, actual: torch.Tensor) -> None:
+    op_parity.compare(expected, actual)
+
+
+# airy_ai: x < -2.09 (oscillating asymptotic form), the series between, x >= 2.09 (decaying form), past 103.892
+# (0) and +-inf (NaN); the scaled Bessel K: 0 (inf), negatives (NaN), (0, 2] and above 2.
+_GRID = torch.cat([torch.linspace(-30, 30, 1201), torch.tensor([-2.09, 2.09, 8.3203353, 103.0, 104.0, 1e3, 0.0,
+                                                                 -0.0, 0.49, 0.5, float("inf"), -float("inf")])])
+
+
+@pytest.mark.parametrize("fn", [torch.special.airy_ai, torch.special.scaled_modified_bessel_k0,
+                                torch.special.scaled_modified_bessel_k1, torch.special.spherical_bessel_j0],
+                         ids=lambda f: f.__name__)
+def test_special_functions_match_cpu_on_every_branch(fn) -> None:
+    _close(fn(_GRID), fn(_GRID.to("tpu")))
+    ints = torch.arange(-5, 40)  # integers are promoted to the default float dtype, as on CPU
+    _close(fn(ints), fn(ints.to("tpu")))
+
+
+@pytest.mark.parametrize("name", ["softshrink", "hardshrink"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_shrink_backward(name, dtype) -> None:
+    """The gradient is zero on [-lambd, lambd] (the ends included) and the output gradient elsewhere."""
+    x = torch.tensor([-2.0, -0.5, -0.3, 0.0, 0.3, 0.5, 0.7, 2.0], dtype=dtype)
+    w = torch.arange(1, 9, dtype=dtype)
+    grads = []
+    for dev in ("cpu", "tpu"):
+        v = x.detach().to(dev).requires_grad_()
+        (getattr(F, name)(v, 0.5) * w.to(dev)).sum().backward()
+        grads.append(v.grad)
+    _close(*grads)
+
+
+def test_margin_losses_forward_and_backward() -> None:
+    """multi_margin_loss's backward (no decomposition existed), multilabel_margin_loss's forward and backward
+    (PyTorch's forward decomposition miscounts rows whose target list ends early, as rows 0, 1, 3 and 5 here)."""
+    torch.manual_seed(0)
+    x = torch.randn(6, 5)
+    target = torch.tensor([0, 4, 2, 1, 3, 0])
+    labels = torch.tensor([[0, 3, -1, 2, 1], [4, -1, 0, 0, 0], [1, 2, 3, 4, -1], [2, -1, 1, 1, 1],
+                           [0, 1, 2, 3, 4], [3, 0, -1, 1, 2]])
+    weight = torch.rand(5)
+    cases = [lambda v, d: F.multi_margin_loss(v, target.to(d)),
+             lambda v, d: F.multi_margin_loss(v, target.to(d), p=2, margin=0.7, weight=weight.to(d),
+                                              reduction="sum"),
+             lambda v, d: F.multilabel_margin_loss(v, labels.to(d)),
+             lambda v, d: F.multilabel_margin_loss(v, labels.to(d), reduction="none"),
+             lambda v, d: F.multilabel_margin_loss(v[1], labels[1].to(d), reduction="sum")]
+    for case in cases:
+        grads = []
+        for dev in ("cpu", "tpu"):
+            v = x.detach().to(dev).requires_grad_()
+            out = case(v, dev)
+            (out * torch.arange(1, out.numel() + 1, device=dev).reshape(out.shape)).sum().backward()
+            grads.append((out, v.grad))
+        _close(*grads)
+
+
+@pytest.mark.parametrize("make, dtype, instead", [
+    (lambda x: x.chalf(), "complex32", "complex64"),
+    (lambda x: torch.complex(x.half(), x.half()), "complex32", "complex64"),
+    (lambda x: torch.hash_tensor(x), "uint64", "int64"),
+    (lambda x: torch.zeros(2, dtype=torch.uint64, device=x.device), "uint64", "int64"),
+])
+def test_declared_unsupported_dtypes_name_the_dtype_and_the_alternative(make, dtype, instead) -> None:
+    """complex32 and uint64 (docs/device.md): a clear error, counted apart by the parity run."""
+    with pytest.raises(TypeError) as info:
+        make(torch.ones(3, device="tpu"))
+    msg = str(info.value)
+    assert f"dtype torch.{dtype} is not supported on tpu" in msg and instead in msg, msg
+    assert op_parity._cause(info.value) == f"unsupported: dtype torch.{dtype}"
