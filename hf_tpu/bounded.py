@@ -112,6 +112,26 @@ def masked(fn: Callable[..., Any], node: torch.fx.Node, spec: Mask,
     return call
 
 
+def padded_last_sort(node: torch.fx.Node, dim: int, factors: tuple[Any, ...],
+                     env: Callable[[], dict[Any, Any]]) -> Callable[..., Any]:
+    """An ascending sort along a dynamic dimension with its padded positions last (bounded_plan's sort rule):
+    the padded flag is the first key, the stable sort keeps the real elements' order, so the real prefix
+    holds the sort of the real elements and the indices their (padded layout's) positions."""
+
+    def call(a: Any, *args: Any, **kwargs: Any) -> tuple[Any, Any]:
+        import jax
+        import jax.numpy as jnp
+
+        exprs = [expr(s) for s in node.args[0].meta["val"].shape]
+        padded = ~jnp.broadcast_to(_real(exprs, a.shape, [dim], env(), {dim: factors}), a.shape)
+        iota = jax.lax.broadcasted_iota(jnp.int64, a.shape, dim)
+        _, values, indices = jax.lax.sort((padded.astype(jnp.int8), a, iota), dimension=dim, is_stable=True,
+                                          num_keys=2)
+        return values, indices
+
+    return call
+
+
 # ----------------------------------------------------------------------------------- a graph's padded run
 
 
@@ -197,6 +217,8 @@ class PaddedGraph:
             fn = real_values(fn, node, self.plan.values[node], self.env)
         if node in self.plan.masks:
             fn = masked(fn, node, self.plan.masks[node], self.env)
+        if node in self.plan.sorts:
+            fn = padded_last_sort(node, *self.plan.sorts[node], self.env)
         return fn
 
     def wrap(self, run: Callable[..., Any]) -> Callable[..., Any]:

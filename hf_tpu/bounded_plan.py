@@ -29,7 +29,7 @@ _LAYOUT = {
     aten.scalar_tensor.default, aten.arange.default, aten.arange.start, aten.arange.start_step,
     aten.full.default, aten.zeros.default, aten.ones.default, aten.empty.memory_format,
     aten.new_zeros.default, aten.new_ones.default, aten.new_empty.default, aten.new_full.default,
-    aten.cumsum.default, aten.copy.default,  # (repeat tiles: graph_plan merges its factors) aten.tril.default, aten.triu.default,
+    aten.cumsum.default, aten.copy.default, aten.floor_divide.default,  # (repeat tiles: graph_plan merges its factors) aten.tril.default, aten.triu.default,
     # elementwise without ATen's pointwise tag, and complex views that only fold or unfold the last dimension
     # (always the static pair of a complex number): DeepSeek-V2's rotary embedding (polar, view_as_complex)
     aten.polar.default, aten.complex.default, aten.view_as_complex.default, aten.view_as_real.default,
@@ -213,6 +213,23 @@ def _rule(node: torch.fx.Node) -> Mask | None | str:
         if all(i is None or not is_dyn(x.shape[d]) for d, i in enumerate(idx)):
             return None
         return f"{t} indexes the dynamic dimension"
+    if t is aten.histc.default:
+        # elements outside [min, max] are not counted (torchax's jnp.histogram drops them), so padded positions
+        # filled below `min` leave the counts real; min == max means the input's own range: no rule
+        lo, hi = (list(node.args[2:4]) + [0, 0])[:2]
+        floor = -math.inf if x.dtype.is_floating_point else torch.iinfo(x.dtype).min
+        if isinstance(lo, (int, float)) and isinstance(hi, (int, float)) and floor < lo < hi < math.inf:
+            return Mask([(0, dyn_dims(x), "min")])
+        return f"{t} without a finite range counts padded positions"
+    if t is aten._grouped_mm.default:
+        # tokens x experts (a MoE's experts after the dispatch sort): output row p is input row p times its
+        # group's weight, groups by position from `offs`; the real rows are a prefix, so with offs from real rows
+        # (a masked histc) each real row keeps its group; rows past offs[-1] are zero
+        b, offs = node.args[1].meta["val"], node.args[2] if len(node.args) > 2 else None
+        if x.dim() == 2 and b.dim() == 3 and offs is not None and not is_dyn(x.shape[1]) \
+                and not dyn_dims(b) and not dyn_dims(offs.meta["val"]):
+            return None
+        return f"{t} groups along the dynamic dimension"
     if t is aten.native_layer_norm.default:
         k = len(node.args[1])
         return None if not any(map(is_dyn, x.shape[-k:])) else f"{t} normalises over the dynamic dimension"
@@ -384,11 +401,110 @@ def _factored_rule(n: torch.fx.Node, factors: dict[torch.fx.Node, Factors]) -> F
     return f"{t} on a dynamic dimension merged with another by a view"
 
 
+# ------------------------------------------------------------------ sorts along a dynamic dimension, positions
+# A MoE's dispatch (Transformers' grouped_mm experts): sort the token x top-k expert ids, gather each token's row
+# by the sort's indices // top_k, grouped matmuls, and the inverse permutation (index_put of an arange) back to
+# token order. A sort along a dynamic dimension is run with padded positions last (the padded flag is its first
+# key, stable): its real positions are a prefix again, holding the sort of the real elements. Its indices are
+# then *positions* in the sorted dimension's padded layout: real ones at real positions, padded ones at padded
+# positions. Where that layout is merged ((2, s, k): the batch outside the sequence) those values differ from
+# the unpadded program's, so such a tensor may only be used as positions: divided by an inner static factor
+# (// k: the token's position), or as the index of index/index_put into a dimension of that layout.
+_SORTS = (aten.sort.default, aten.sort.stable)
+_SHAPE_ONLY = {aten.empty_like.default, aten.zeros_like.default, aten.ones_like.default, aten.full_like.default,
+               aten.sym_size.int}
+
+
+def _sort_args(n: torch.fx.Node) -> tuple[int, bool]:
+    if n.target is aten.sort.stable:  # sort.stable(self, *, stable, dim=-1, descending=False)
+        return n.kwargs.get("dim", -1), n.kwargs.get("descending", False)
+    a = list(n.args[1:]) + [n.kwargs[k] for k in ("dim", "descending") if k in n.kwargs]
+    return (a + [-1, False][len(a):])[0], (a + [-1, False][len(a):])[1]
+
+
+def _layout(a: torch.fx.Node, factors: dict[torch.fx.Node, Factors]) -> Factors:
+    return factors.get(a) or _clean(a.meta["val"])
+
+
+def _sole_index(n: torch.fx.Node) -> torch.fx.Node | None:
+    idx = n.args[1]
+    return idx[0] if isinstance(idx, (list, tuple)) and len(idx) == 1 and isinstance(idx[0], torch.fx.Node) else None
+
+
+def _position_rule(n: torch.fx.Node, factors: dict[torch.fx.Node, Factors],
+                   coords: dict[torch.fx.Node, tuple[Any, ...]]) -> bool:
+    """Rules for tensors of positions (see above). Records n's factors and its values' layout in `coords`;
+    True when n is handled; raises Unsupported where positions of a merged layout would be used as values."""
+    t = n.target
+    idx = _sole_index(n) if t in (aten.index.Tensor, aten.index_put.default) else None
+    for a in n.all_input_nodes:
+        if a in coords and not _is_clean([coords[a]]) and not (
+                t in _SHAPE_ONLY or a is idx or t is aten.floor_divide.default and a is n.args[0]
+                or t is operator.getitem and a.target in _SORTS):  # (the sort's own entry: its indices')
+            raise Unsupported(f"{t} uses positions in a merged dynamic dimension as values ({n.name})")
+    if t is aten.arange.default and dyn_dims(n.meta["val"]) and not n.meta["val"].dtype.is_floating_point:
+        coords[n] = (expr(n.meta["val"].shape[0]),)  # arange(s): position p holds p, unpadded too
+        return False
+    if t is operator.getitem and n.args[0].target in _SORTS and n.args[1] == 1 and n.args[0] in coords:
+        coords[n] = coords[n.args[0]]
+        return True
+    if t is aten.floor_divide.default and n.args[0] in coords and isinstance(n.args[1], int) and n.args[1] > 0:
+        c, k = list(coords[n.args[0]]), n.args[1]
+        while k > 1 and c and not is_dyn(c[-1]) and k % int(c[-1]) == 0:  # drop inner static factors
+            k //= int(c.pop())
+        if k == 1 and c:
+            coords[n] = tuple(c)
+        elif not _is_clean([coords[n.args[0]]]):
+            raise Unsupported(f"{t} by {n.args[1]} splits a factor of a merged dynamic dimension ({n.name})")
+        if n.args[0] in factors:  # elementwise (by a number): n's positions are its input's
+            factors[n] = factors[n.args[0]]
+        return n.args[0] in factors
+    if t in _SORTS:
+        x = n.args[0]
+        fx = _layout(x, factors)
+        dim, descending = _sort_args(n)
+        dim %= len(fx)
+        if not any(map(is_dyn, fx[dim])):
+            return False
+        if descending or sum(map(is_dyn, fx[dim])) != 1 or any(is_dyn(f) for d in range(len(fx)) if d != dim
+                                                               for f in fx[d]):
+            raise Unsupported(f"{t} sorts a dynamic dimension descending or beside another ({n.name})")
+        coords[n] = fx[dim]  # the sort's output is in x's shape, every dimension clean: not in `factors`
+        return True
+    if idx is None or idx not in coords:
+        return False
+    x = n.args[0]
+    fx, fi = _layout(x, factors), _layout(idx, factors)
+    if not any(map(is_dyn, fx[0])) and t is aten.index.Tensor and _is_clean([coords[idx]]):
+        return False  # a static table read at real positions (position embeddings by arange): the usual rule
+    if fx[0] != coords[idx] and not (t is aten.index_put.default and x.target in (
+            aten.empty_like.default, aten.empty.memory_format) and math.prod(coords[idx]) == expr(x.meta["val"].shape[0])):
+        raise Unsupported(f"{t} by positions of another layout ({n.name})")
+    if any(is_dyn(f) for dim in fx[1:] for f in dim) or len(fi) != 1:
+        raise Unsupported(f"{t} by positions with other dynamic dimensions ({n.name})")
+    if t is aten.index.Tensor:  # out[p] = x[idx[p]]: idx's real positions read x's real ones
+        out = fi + fx[1:]
+    else:  # out[idx[p]] = values[p]: real p write real positions only, padded p padded ones
+        v = n.args[2]
+        if not isinstance(v, torch.fx.Node) or _layout(v, factors)[:1] != fi or any(
+                is_dyn(f) for dim in _layout(v, factors)[1:] for f in dim):
+            raise Unsupported(f"{t} with values laid out otherwise than its positions ({n.name})")
+        out = [coords[idx]] + fx[1:]
+        if v in coords and idx.target is operator.getitem and idx.args[0].target in _SORTS:
+            # a sort's indices are a permutation: every position is written, so out holds positions (real ones
+            # at real positions) as `v` does; other writes leave `x` elsewhere, whatever it holds
+            coords[n] = coords[v]
+    if not _is_clean(out):
+        factors[n] = out
+    return True
+
+
 @dataclass
 class Plan:
     masks: dict[torch.fx.Node, Mask]  # ops whose inputs' padded positions are masked first
     values: dict[torch.fx.Node, list[int]]  # ops taking a dynamic size as a value: those arguments get the real one
     out_factors: dict[int, Factors]  # outputs (by leaf index) whose dynamic dimension a view merged with another
+    sorts: dict[torch.fx.Node, tuple[int, tuple[Any, ...]]] = field(default_factory=dict)  # padded last: dim, factors
 
 
 def graph_plan(gm: torch.fx.GraphModule) -> Plan:
@@ -397,12 +513,21 @@ def graph_plan(gm: torch.fx.GraphModule) -> Plan:
     masks: dict[torch.fx.Node, Mask] = {}
     factors: dict[torch.fx.Node, Factors] = {}  # only the tensors with a merged dynamic dimension
     out_factors: dict[int, Factors] = {}
+    coords: dict[torch.fx.Node, tuple[Any, ...]] = {}  # tensors of positions: the layout their values index
+    sorts: dict[torch.fx.Node, tuple[int, tuple[Any, ...]]] = {}
     for n in gm.graph.nodes:
         if n.op == "output":  # a merged output is sliced factor by factor (PaddedGraph.unpad)
-            out_factors = {i: factors[leaf] for i, leaf in enumerate(torch.utils._pytree.tree_leaves(n.args[0]))
+            leaves = torch.utils._pytree.tree_leaves(n.args[0])
+            if any(leaf in coords and not _is_clean([coords[leaf]]) for leaf in leaves if isinstance(leaf, torch.fx.Node)):
+                raise Unsupported("an output holds positions in a merged dynamic dimension")
+            out_factors = {i: factors[leaf] for i, leaf in enumerate(leaves)
                            if isinstance(leaf, torch.fx.Node) and leaf in factors}
             continue
         if n.op != "call_function":
+            continue
+        if _position_rule(n, factors, coords):
+            if n.target in _SORTS:
+                sorts[n] = (_sort_args(n)[0] % n.args[0].meta["val"].dim(), coords[n])
             continue
         ins = [a for a in n.args if isinstance(a, torch.fx.Node)]
         if n.target in _VIEWS:
@@ -435,4 +560,4 @@ def graph_plan(gm: torch.fx.GraphModule) -> Plan:
             raise Unsupported(f"{r} ({n.name}: {[a.meta.get('val') for a in ins]} -> {n.meta.get('val')})")
         if r is not None:
             masks[n] = r
-    return Plan(masks, values, out_factors)
+    return Plan(masks, values, out_factors, sorts)

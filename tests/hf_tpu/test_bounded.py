@@ -110,8 +110,29 @@ def test_ops_masked_or_kept_static_stay_exact(highest) -> None:
     def pooled(x):  # a mean over the dynamic dimension: masked and rescaled, one program
         return torch.softmax(x.mean(1) @ w.to(x.device), -1)
 
-    def ranked(x):  # a sort over the dynamic dimension: no rule, static shapes
-        return x.sort(dim=1).values
+    def ranked(x):  # a sort along the dynamic dimension: padded positions sorted last, the real prefix sorted
+        return x.sort(dim=1).values.cumsum(1) + x.argsort(dim=1)
+
+    def counted(x):  # histc with a range over the dynamic dimension: padded positions not counted
+        return torch.histc(x[..., 0], bins=5, min=-1, max=1)
+
+    experts = torch.randn(4, 16, 8)
+
+    def moe_dispatch(x):  # Transformers' grouped_mm experts: tokens merged with the batch, sorted by expert id,
+        # gathered by the sort's indices // top-k, grouped matmuls, back to token order by the inverse permutation
+        h = x.reshape(-1, 16)
+        weights, ids = (h @ w.to(x.device)).softmax(-1).topk(2, dim=-1)
+        ids_g, perm = torch.sort(ids.reshape(-1))
+        rows = h[perm // 2]
+        offs = torch.cumsum(torch.histc(ids_g.float(), bins=4, min=0, max=3), 0, dtype=torch.int32)
+        out = torch._grouped_mm(rows, experts.to(x.device), offs=offs) * weights.reshape(-1)[perm].unsqueeze(-1)
+        inv = torch.empty_like(perm)
+        inv[perm] = torch.arange(perm.size(0), device=x.device)
+        return out[inv].view(-1, 2, 8).sum(1).view(x.shape[0], x.shape[1], 8).softmax(1)
+
+    def merged_order(x):  # the sort's positions over tokens merged with the batch as values: static, exact
+        ids = (x.reshape(-1, 16) @ w.to(x.device)).argmax(-1)
+        return ids.sort().indices.float() * 2
 
     def windowed(x):  # a sliding window wider than the bound: x[:, -1023:] is all of x at every length
         return x[:, -1023:].sum(1) + x[:, -1023:, :1].mean(1)
@@ -155,7 +176,8 @@ def test_ops_masked_or_kept_static_stay_exact(highest) -> None:
         return (a * b.sigmoid()).sum(0).view(x.shape[0], x.shape[1], 8).mean(1)
 
     cases = ((tiled, True), (dense_router, True), (top_features, True), (router, True), (half_rotated, True), (shifted, False),
-             (last_token, False), (scaled, True), (pooled, True), (ranked, False), (windowed, True),
+             (last_token, False), (scaled, True), (pooled, True), (ranked, True), (windowed, True),
+             (counted, True), (moe_dispatch, True), (merged_order, False),
              (stacked, True), (rotary_complex, True))
     wrong = []  # every case is checked, so a missing rule names each case it breaks
     for fn, padded in cases:
