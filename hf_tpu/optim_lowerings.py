@@ -1,4 +1,4 @@
-"""Fused optimizer steps and GradScaler's kernels on tpu, each one XLA program for all parameters.
+"""Fused optimizer steps and GradScaler's kernels on tpu.
 
 `torch.optim.AdamW/Adam/SGD(fused=True)` call `_fused_adamw_`, `_fused_adam_`, `_fused_sgd_` once per step
 with lists of every parameter, gradient and state tensor; `torch.amp.GradScaler` calls
@@ -11,14 +11,22 @@ PyTorch's fused kernels do), so a fused step equals a foreach step within float3
 (GradScaler's scale) divides the gradients, which are written back unscaled as PyTorch's kernels do, and a
 nonzero `found_inf` leaves every tensor as it was.
 
-Eager mode runs the in-place ops through one jitted program per step whose hyperparameters (lr, betas, ...)
-are traced arguments, so a learning-rate schedule does not compile a new program each step; compiled graphs
-lower the functional forms AOTAutograd records with the same functions.
+Eager mode runs the in-place ops through jitted programs whose hyperparameters (lr, betas, ...) are traced
+arguments, so a learning-rate schedule does not compile a new program each step. A step's parameters are
+grouped by the shapes and dtypes of their tensors (parameter, gradient, states), and each group runs in
+chunks of 2**k parameters, each chunk one program: the programs depend on the shapes alone, not on the whole
+parameter list, so a process that steps many models (the sweep's worker, one model per entry) traces and
+lowers each (shapes, 2**k) program once instead of one program per model (that was 19% of a warm sweep
+entry's CPU time: Bert's whole-list program took 2.9 CPU-s to trace and lower for 3 steps). The math is
+per element and every chunk takes the compile variant the whole step's arrays select (`variant`), so the
+results are bit-identical to one whole-list program (tests/hf_tpu/test_fused_optim.py).
+Compiled graphs lower the functional forms AOTAutograd records with the same functions.
 """
 
 from __future__ import annotations
 
 import functools
+import itertools
 from collections.abc import Callable
 from typing import Any
 
@@ -231,8 +239,41 @@ def _lists_written(op: Any) -> list[int]:
     return [i for i, a in enumerate(op._schema.arguments) if a.alias_info is not None and a.alias_info.is_write]
 
 
+def chunks(lists: list[list[Any]]) -> list[list[int]]:
+    """The parameter indices of a step, grouped by the shapes and dtypes of every list's element (an empty
+    list, e.g. max_exp_avg_sqs without amsgrad, takes no part), each group split into chunks of 2**k indices
+    (largest first, in order): the programs a step runs. Chunks of powers of two bound the programs per group
+    to log2(size)+1 while letting models with different numbers of same-shaped parameters share them."""
+    n = len(lists[0])
+    groups: dict[tuple, list[int]] = {}
+    for i in range(n):
+        key = tuple((tuple(a[i].shape), str(a[i].dtype), bool(getattr(a[i], "weak_type", False)))
+                    for a in lists if len(a) == n)
+        groups.setdefault(key, []).append(i)
+    out = []
+    for idx in groups.values():
+        start = 0
+        while start < len(idx):
+            size = 1 << ((len(idx) - start).bit_length() - 1)
+            out.append(idx[start:start + size])
+            start += size
+    return out
+
+
+def variant(program: Callable[..., Any], lists: list[list[Any]]) -> Callable[..., Any]:
+    """The compile variant of `program` (xla_options.jit) that the whole step's lists select, for every chunk:
+    XLA's full optimisation and the fast-compile flags round this program differently (1 ulp in a few
+    elements, measured), so a chunk compiled by its own size would not equal the whole-list step bit for
+    bit."""
+    from hf_tpu import xla_options
+
+    large = any(getattr(a, "size", 0) >= xla_options.LARGE_ELEMENTS for a in itertools.chain(*lists))
+    return getattr(program, "full" if large else "fast", program)
+
+
 def eager_kernel(op: Any) -> Callable[..., None]:
-    """The tpu kernel of in-place `op` (`_fused_adamw_`, ...): every list it writes, from one program."""
+    """The tpu kernel of in-place `op` (`_fused_adamw_`, ...): every list it writes, from one program per
+    chunk of same-shaped parameters (`chunks`)."""
     from hf_tpu import host_copy
     from hf_tpu import tensor as T
 
@@ -260,13 +301,16 @@ def eager_kernel(op: Any) -> Callable[..., None]:
         # outputs at all: returned, they would take a donated buffer of their shape (JAX pairs donated inputs
         # with outputs by shape, in order) and be copied into it, leaving a state list to allocate anew
         keep = None if "grad_scale" in traced else keep_unscaled
-        outs = _program(fn, tuple(sorted(statics)), donate, keep)(*lists, **traced)
-        for i, new in zip(written if keep is None else [written[k] for k in keep], outs, strict=True):
-            for t, a in zip(args[i], new, strict=True):
-                T.assign(t, a)
+        program = variant(_program(fn, tuple(sorted(statics)), donate, keep), lists)
+        outputs = written if keep is None else [written[k] for k in keep]
+        for chunk in chunks(lists):
+            outs = program(*[[a[j] for j in chunk] if a else a for a in lists], **traced)
+            for i, new in zip(outputs, outs, strict=True):
+                for j, a in zip(chunk if args[i] else (), new, strict=True):  # an empty list stays empty
+                    T.assign(args[i][j], a)
 
     return kernel
 
 
-for _op in _INPLACE:  # fused optimizer steps: one program per step, traced hyperparameters
+for _op in _INPLACE:  # fused optimizer steps: a program per chunk of same-shaped parameters
     lowers(_op, kind="eager")(eager_kernel(_op))
