@@ -197,3 +197,27 @@ def test_zero_initialised_bias_moved_by_noise_passes_and_a_wrong_optimizer_still
     base, judged = train_weights.shrink(ref, fp64, allow), train_weights.shrink(tpu, fp64, allow)
     failing = [n for n in weights if not numerics.compare_tensor(n, base[n], judged[n], fp64[n], tol)[0]]
     assert "weight.mix.bias" in failing and len(failing) == len(weights), failing
+
+
+def test_rounding_dominated_train_row_needs_tpu_as_near_float64_as_cpu():
+    """A float64 run refused for the baseline's own distance from it (a gradient with heavy cancellation,
+    0.2 x its scale on CPU) still judges tpu: as near float64 as CPU (3x) makes the row an uninformative
+    pass; a well-determined gradient 5% off, or the noisy one 10x noisier, does not."""
+    import torch
+
+    tol = numerics.tolerance_for("test:x", "highest", "float32")
+    g = torch.Generator().manual_seed(0)
+    truth = {"grad.a": torch.randn(64, generator=g, dtype=torch.float64) * 1e-8,  # cancelled: CPU is noise
+             "grad.b": torch.randn(64, generator=g, dtype=torch.float64),  # well determined
+             "weight.b": torch.randn(64, generator=g, dtype=torch.float64)}
+
+    def noisy(size_a: float, lr_b: float = 1.0) -> dict:
+        return {"grad.a": (truth["grad.a"] + size_a * 1e-8 * torch.randn(64, generator=g, dtype=torch.float64)).float(),
+                "grad.b": (truth["grad.b"] * lr_b).float(), "weight.b": truth["weight.b"].float()}
+
+    cpu = noisy(0.2)
+    assert not numerics.reference_valid(cpu, truth, tol)[0]  # the sweep refuses it: rmse(fp64, cpu)
+    assert "rounding-dominated" in train.rounding_dominated(cpu, noisy(0.2), truth, tol, 3)
+    assert train.rounding_dominated(cpu, noisy(0.2, lr_b=1.05), truth, tol, 3) == ""
+    assert train.rounding_dominated(cpu, noisy(2.0), truth, tol, 3) == ""
+    assert train.rounding_dominated(cpu, noisy(0.2), None, tol, 3) == ""  # no float64 run: nothing said
