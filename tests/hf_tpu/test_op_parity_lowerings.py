@@ -82,3 +82,55 @@ def test_declared_unsupported_dtypes_name_the_dtype_and_the_alternative(make, dt
     msg = str(info.value)
     assert f"dtype torch.{dtype} is not supported on tpu" in msg and instead in msg, msg
     assert op_parity._cause(info.value) == f"unsupported: dtype torch.{dtype}"
+
+
+def _pair(fn, *args):
+    """fn on CPU and on tpu (every tensor argument moved)."""
+    moved = [a.to("tpu") if isinstance(a, torch.Tensor) else a for a in args]
+    return fn(*args), fn(*moved)
+
+
+def test_det_and_slogdet_with_pivoting_singular_and_batches() -> None:
+    torch.manual_seed(0)
+    a = torch.randn(4, 4, 4)
+    a[1, 0, 0] = 0  # forces a row exchange
+    a[2, 3] = 0  # singular: det 0, slogdet (0, -inf) whatever the rounding (not so equal rows: ~1e-8 either way)
+    for fn in (torch.linalg.det, torch.linalg.slogdet, torch.logdet, lambda m: torch.linalg.det(m.to(torch.complex64)),
+               lambda m: torch.linalg.slogdet(m.to(torch.complex64))):
+        _close(*_pair(fn, a))
+
+    # the backward solves with the forward's LU (CPU's is of A^T for a real A: a wrong one transposes it)
+    for fn in (torch.linalg.det, lambda m: torch.linalg.slogdet(m)[1], torch.logdet):
+        g = []
+        for dev in ("cpu", "tpu"):
+            v = a[:2].detach().to(dev).requires_grad_()
+            (fn(v) * torch.tensor([1.0, 2.0], device=dev)).sum().backward()
+            g.append(v.grad)
+        _close(*g)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.complex64])
+def test_geqrf_and_ormqr(dtype) -> None:
+    torch.manual_seed(0)
+    a = torch.randn(2, 5, 3, dtype=dtype)
+    _close(*_pair(torch.geqrf, a))
+    h, tau = torch.geqrf(a)
+    for left, transpose in ((True, False), (True, True), (False, False), (False, True)):
+        c = torch.randn(2, 5, 4, dtype=dtype) if left else torch.randn(2, 4, 5, dtype=dtype)
+        _close(*_pair(lambda h_, t_, c_: torch.ormqr(h_, t_, c_, left=left, transpose=transpose), h, tau, c))
+
+
+@pytest.mark.parametrize("dtype, hermitian", [(torch.float32, False), (torch.complex64, False),
+                                              (torch.complex64, True)])
+def test_ldl_solve_reads_cpus_bunch_kaufman_pivots(dtype, hermitian) -> None:
+    """Symmetric indefinite matrices with small diagonals make CPU's sytrf pick 2x2 blocks and row swaps."""
+    torch.manual_seed(0)
+    m = torch.randn(3, 6, 6, dtype=dtype)
+    a = m + (m.mH if hermitian else m.mT)
+    a.diagonal(dim1=-2, dim2=-1).mul_(0.01)
+    if hermitian:
+        a.diagonal(dim1=-2, dim2=-1).imag.zero_()
+    ld, pivots = torch.linalg.ldl_factor(a, hermitian=hermitian)
+    assert (pivots < 0).any() and (pivots != torch.arange(1, 7, dtype=torch.int32)).any()  # blocks and swaps
+    b = torch.randn(3, 6, 2, dtype=dtype)
+    _close(*_pair(lambda l_, p_, b_: torch.linalg.ldl_solve(l_, p_, b_, hermitian=hermitian), ld, pivots, b))

@@ -1,0 +1,158 @@
+"""Linear-algebra ops torchax does not lower (or lowers with missing outputs): `_linalg_det` (torch.linalg.det,
+and its backward's LU), `_linalg_slogdet`, `geqrf`, `ormqr` and `linalg_ldl_solve`.
+
+`_linalg_det`, `geqrf` and `ormqr` are JAX's own factorisations (the LAPACK ones CPU calls: getrf, geqrf,
+ormqr/unmqr). `linalg_ldl_solve` has no JAX counterpart (JAX has no LDL^T, jax-ml/jax#12779), so it is
+LAPACK's sytrs/hetrs written out: it reads the Bunch-Kaufman factors and pivots CPU's `ldl_factor` makes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from hf_tpu.op_registry import lowers
+
+aten = torch.ops.aten
+
+
+def _jax() -> Any:
+    from hf_tpu import runtime
+
+    return runtime.jax()
+
+
+@lowers(aten._linalg_det.default)
+def _linalg_det(a: Any) -> tuple[Any, Any, Any]:
+    """(det, LU, pivots) as CPU: det is the product of U's diagonal times the permutation's sign; LU and the
+    1-based int32 pivots (getrf's) are what linalg_det_backward solves with. For a real matrix CPU factors
+    A^T (the F-contiguous view of a C-contiguous A, det(A^T) = det(A)), and the backward then solves with
+    adjoint=False: the same LU here, or the gradient comes out transposed. (CPU factors A itself when A is
+    not contiguous; a lowering sees values, not strides: tpu's inputs here are taken as contiguous.)"""
+    jax = _jax()
+    jnp = jax.numpy
+    n = a.shape[-1]
+    if n == 0:
+        return (jnp.ones(a.shape[:-2], a.dtype), a, jnp.zeros(a.shape[:-1], jnp.int32))
+    real = not jnp.issubdtype(a.dtype, jnp.complexfloating)
+    lu, pivots, _ = jax.lax.linalg.lu(jnp.swapaxes(a, -1, -2) if real else a)
+    swaps = (pivots != jnp.arange(n, dtype=pivots.dtype)).sum(-1)
+    sign = jnp.where(swaps % 2 == 0, 1, -1).astype(a.dtype)
+    det = sign * jnp.prod(jnp.diagonal(lu, axis1=-2, axis2=-1), axis=-1)
+    return det, lu, (pivots + 1).astype(jnp.int32)
+
+
+@lowers(aten._linalg_slogdet.default)
+def _linalg_slogdet(a: Any) -> tuple[Any, Any, Any, Any]:
+    """(sign, logabsdet, LU, pivots): torchax's returns only the first two, which PyTorch read as missing
+    tensors ("Expected Tensor but got None" for logdet and slogdet). From the same LU as det: sign is the
+    permutation's sign times the product of U's diagonal over its moduli (0 when singular), logabsdet the sum
+    of the diagonal's log moduli (-inf when singular), real for complex input as CPU."""
+    jnp = _jax().numpy
+    det, lu, pivots = _linalg_det(a)
+    n = a.shape[-1]
+    diag = jnp.diagonal(lu, axis1=-2, axis2=-1)
+    mod = jnp.abs(diag)
+    singular = (mod == 0).any(-1)
+    swaps = (pivots != jnp.arange(1, n + 1, dtype=pivots.dtype)).sum(-1)
+    unit = jnp.prod(diag / jnp.where(mod == 0, 1, mod).astype(diag.dtype), axis=-1)
+    sign = jnp.where(singular, 0, jnp.where(swaps % 2 == 0, 1, -1).astype(a.dtype) * unit).astype(a.dtype)
+    logabs = jnp.log(mod).sum(-1)
+    return sign, logabs, lu, pivots
+
+
+@lowers(aten.geqrf.default)
+def _geqrf(a: Any) -> tuple[Any, Any]:
+    """(a, tau) in LAPACK's compact form: R on and above the diagonal, the Householder vectors below.
+    jnp.linalg.qr's "raw" mode returns exactly geqrf's output, with `a` transposed."""
+    jnp = _jax().numpy
+    h, tau = jnp.linalg.qr(a, mode="raw")
+    return jnp.swapaxes(h, -1, -2), tau
+
+
+@lowers(aten.ormqr.default)
+def _ormqr(a: Any, tau: Any, other: Any, left: bool = True, transpose: bool = False) -> Any:
+    """Q @ other (or Q^H, or on the right) with Q from geqrf's reflectors, not materialised (LAPACK's ormqr)."""
+    return _jax().lax.linalg.ormqr(a, tau, other, left=left, transpose=transpose)
+
+
+@lowers(aten.linalg_ldl_solve.default)
+def _ldl_solve(ld: Any, pivots: Any, b: Any, hermitian: bool = False) -> Any:
+    """X with A X = B, A = L D L^T (L D L^H if hermitian) in sytrf's lower form: unit-lower L below the
+    diagonal, D's 1x1 and 2x2 blocks on it, pivots > 0 a 1x1 block (rows k and pivots[k] swapped), a
+    negative pair a 2x2 block (rows k+1 and -pivots[k] swapped). The blocks are data, so each solve is a
+    while loop over them, LAPACK's sytrs/hetrs step by step (batches vmapped)."""
+    jax = _jax()
+    jnp = jax.numpy
+    n = ld.shape[-1]
+    dtype = jnp.result_type(ld.dtype, b.dtype)
+    batch = jnp.broadcast_shapes(ld.shape[:-2], b.shape[:-2])
+    if n == 0 or b.shape[-1] == 0 or 0 in batch:
+        return jnp.zeros((*batch, n, b.shape[-1]), dtype)
+    ld = jnp.broadcast_to(ld, (*batch, n, n)).astype(dtype).reshape(-1, n, n)
+    piv = jnp.broadcast_to(pivots, (*batch, n)).astype(jnp.int32).reshape(-1, n)
+    rhs = jnp.broadcast_to(b, (*batch, n, b.shape[-1])).astype(dtype).reshape(-1, n, b.shape[-1])
+    conj = (lambda v: jnp.conj(v)) if hermitian else (lambda v: v)  # noqa: E731
+    rows = jnp.arange(n)
+
+    def swap(x: Any, i: Any, j: Any) -> Any:
+        xi, xj = x[i], x[j]
+        return x.at[i].set(xj).at[j].set(xi)
+
+    def solve(a: Any, p: Any, x: Any) -> Any:
+        # forward: L D Y = P B, one block at a time
+        def fwd(state: tuple[Any, Any]) -> tuple[Any, Any]:
+            k, x = state
+            one = p[k] > 0
+
+            def block1(x: Any) -> Any:
+                x = swap(x, k, p[k] - 1)
+                col = jnp.where(rows > k, a[:, k], 0)
+                x = x - col[:, None] * x[k][None, :]
+                return x.at[k].set(x[k] / a[k, k])
+
+            def block2(x: Any) -> Any:
+                k1 = jnp.minimum(k + 1, n - 1)
+                x = swap(x, k1, -p[k] - 1)
+                below = rows > k1
+                x = x - jnp.where(below, a[:, k], 0)[:, None] * x[k][None, :]
+                x = x - jnp.where(below, a[:, k1], 0)[:, None] * x[k1][None, :]
+                akm1k = a[k1, k]
+                akm1 = a[k, k] / conj(akm1k)
+                ak = a[k1, k1] / akm1k
+                denom = akm1 * ak - 1
+                bkm1 = x[k] / conj(akm1k)
+                bk = x[k1] / akm1k
+                return x.at[k].set((ak * bkm1 - bk) / denom).at[k1].set((akm1 * bk - bkm1) / denom)
+
+            x = jax.lax.cond(one, block1, block2, x)
+            return k + jnp.where(one, 1, 2), x
+
+        _, x = jax.lax.while_loop(lambda s: s[0] < n, fwd, (jnp.int32(0), x))
+
+        # backward: L^T X = Y (L^H if hermitian), last block first
+        def bwd(state: tuple[Any, Any]) -> tuple[Any, Any]:
+            k, x = state
+            one = p[k] > 0
+
+            def block1(x: Any) -> Any:
+                col = jnp.where(rows > k, conj(a[:, k]), 0)
+                x = x.at[k].add(-(col[:, None] * x).sum(0))
+                return swap(x, k, p[k] - 1)
+
+            def block2(x: Any) -> Any:
+                km1 = jnp.maximum(k - 1, 0)
+                below = rows > k
+                x = x.at[k].add(-(jnp.where(below, conj(a[:, k]), 0)[:, None] * x).sum(0))
+                x = x.at[km1].add(-(jnp.where(below, conj(a[:, km1]), 0)[:, None] * x).sum(0))
+                return swap(x, k, -p[k] - 1)
+
+            x = jax.lax.cond(one, block1, block2, x)
+            return k - jnp.where(one, 1, 2), x
+
+        _, x = jax.lax.while_loop(lambda s: s[0] >= 0, bwd, (jnp.int32(n - 1), x))
+        return x
+
+    out = jax.vmap(solve)(ld, piv, rhs)
+    return out.reshape(*batch, n, b.shape[-1])
