@@ -129,7 +129,7 @@ def _register_direct_kernels() -> None:
                 _aten_lib.impl(op, functools.partial(kernel, op), "PrivateUse1")
             except RuntimeError:
                 continue  # a Python-only overload (e.g. aten::__and__.bool): nothing to dispatch
-    from hf_tpu import sdpa  # noqa: F401 - registers its "autograd" kernel
+    from hf_tpu import cross_entropy, sdpa  # noqa: F401 - register their "autograd" kernels
 
     for op, kernel in op_registry.table("autograd").items():
         _never_traced_by_dynamo(kernel)

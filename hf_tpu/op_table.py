@@ -21,7 +21,8 @@ from typing import Any
 import torch
 
 # these register rules (op_registry) when imported: the table is complete only with all of them loaded
-from hf_tpu import backward_lowerings, device, dispatch, graph_compiler, lowering, op_registry, sdpa  # noqa: F401
+from hf_tpu import (backward_lowerings, cross_entropy, device, dispatch, graph_compiler, lowering,  # noqa: F401
+                    op_registry, sdpa)
 from hf_tpu.errors import op_name
 
 
