@@ -11,12 +11,14 @@ specialises, and the one bucket [2, 64]), and whether the graph was padded or ke
 that kept it static is logged). Rows go to a JSON-lines file as they finish, so a long run can be resumed.
 
     python benchmarks/bounded_dynamism.py --zoo smoke
-    python benchmarks/bounded_dynamism.py --zoo full --out reports/bounded_dynamism.jsonl   # every causal LM
+    python benchmarks/bounded_dynamism.py --zoo full --out reports/bounded/full.jsonl   # every causal LM
+    python benchmarks/bounded_dynamism.py --out reports/bounded/full.jsonl --summary reports/bounded/summary.txt
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import copy
 import gc
 import json
@@ -100,18 +102,35 @@ def run_model(entry: Any, max_len: int, batch: int) -> dict[str, Any]:
     return row
 
 
+def _op(reason: str) -> str:
+    """The op (and why) a static-fallback row names, without the graph's tensors."""
+    reason = reason.split("static shapes for this graph (", 1)[-1]
+    return reason.split(" (", 1)[0].rstrip(")")
+
+
 def summary(rows: list[dict[str, Any]]) -> str:
     built = [r for r in rows if r["status"] != "build_error"]
     correct = [r for r in built if r["status"] == "correct"]
     padded = [r for r in correct if r.get("padded_graphs", 0) and not r.get("static_graphs", 0)]
     comps = [r["compilations"] for r in correct]
     lines = [f"{len(rows)} causal LMs, {len(built)} built: {len(correct)} correct at every length "
-             f"({100 * len(correct) / max(len(built), 1):.0f}%), {len(padded)} of them with every graph padded",
-             f"compilations over the lengths (correct models): median {statistics.median(comps) if comps else '-'}, "
-             f"max {max(comps) if comps else '-'}; <= 2: {sum(c <= 2 for c in comps)}"]
+             f"({100 * len(correct) / max(len(built), 1):.1f}%), {len(padded)} of them with every graph padded; "
+             f"wrong {sum(r['status'] == 'wrong' for r in built)}, errors {sum(r['status'] == 'error' for r in built)}",
+             f"compilations over the lengths (correct models): "
+             + ", ".join(f"{c}: {n}" for c, n in sorted(collections.Counter(comps).items()))
+             + (f" (median {statistics.median(comps)})" if comps else "")]
+    static = collections.Counter(_op(r["static_reason"]) for r in correct if r.get("static_graphs"))
+    lines += ["static fallbacks (correct models) by the first op without a rule:"]
+    lines += [f"  {n} {op}" for op, n in static.most_common()]
+    errors = collections.Counter((r.get("error") or "").split(":")[0] for r in built if r["status"] == "error")
+    lines += ["errors by class: " + ", ".join(f"{k} {n}" for k, n in errors.most_common())]
+    breaks = [r for r in correct if r.get("graph_breaks") and not r.get("static_graphs")]
+    lines += [f"graph breaks (correct, every graph padded or static for another reason): {len(breaks)}"]
     for r in rows:
-        if r["status"] != "correct" or r.get("static_graphs"):
-            lines.append(f"  {r['id']}: {r['status']} {r.get('error') or r.get('static_reason') or r.get('wrong_at')}")
+        if r in breaks:
+            lines.append(f"  {r['id']}: {r['graph_breaks']} graph breaks, {r['compilations']} compilations")
+        elif r["status"] != "correct" or r.get("static_graphs"):
+            lines.append(f"  {r['id']}: {r['status']} {r.get('error') or _op(r.get('static_reason') or '') or r.get('wrong_at')}")
     return "\n".join(lines)
 
 
@@ -125,7 +144,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--every", type=int, default=1, help="every K-th causal LM (a spread sample)")
     p.add_argument("--shard", default="", help="i/n: only the i-th of n interleaved shares (1-based)")
     p.add_argument("--out", default="", help="JSON-lines file: rows already there are kept, not rerun")
+    p.add_argument("--summary", default="", help="only write the summary of every row in --out to this file")
     args = p.parse_args(argv)
+    if args.summary:
+        text = summary([json.loads(line) for line in Path(args.out).read_text().splitlines() if line.strip()])
+        Path(args.summary).write_text(text + "\n")
+        print(text)
+        return 0
 
     import hf_tpu  # noqa: F401
     from harness.zoo import load_zoo, select

@@ -313,6 +313,12 @@ def _factored_rule(n: torch.fx.Node, factors: dict[torch.fx.Node, Factors]) -> F
     if t is aten.unsqueeze.default and fx is not None:
         d = n.args[1] % (len(fx) + 1)
         return fx[:d] + [()] + fx[d:]
+    if t is aten.expand.default and fx is not None:
+        # broadcasting size-1 dimensions (GLM-4-MoE's grouped top-k: the group mask over each group's experts):
+        # a dimension that keeps its size keeps its factors, a broadcast one holds one value at every position
+        lead, clean = val.dim() - len(fx), _clean(val)
+        return clean[:lead] + [fx[d] if expr(val.shape[lead + d]) == math.prod(fx[d], start=1) else clean[lead + d]
+                               for d in range(len(fx))]
     if t is aten.sym_size.int:  # a size, not positions
         return []
     if t is operator.getitem and fx is not None:

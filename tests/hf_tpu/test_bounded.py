@@ -130,6 +130,13 @@ def test_ops_masked_or_kept_static_stay_exact(highest) -> None:
         inv[perm] = torch.arange(perm.size(0), device=x.device)
         return out[inv].view(-1, 2, 8).sum(1).view(x.shape[0], x.shape[1], 8).softmax(1)
 
+    def grouped_router(x):  # GLM-4-MoE's grouped top-k: the best groups' mask broadcast over their experts
+        logits = x.reshape(-1, 16) @ w.to(x.device)
+        groups = logits.view(-1, 2, 2).topk(1, dim=-1).values.sum(-1)
+        mask = torch.zeros_like(groups).scatter(1, groups.topk(1, dim=-1).indices, 1.0)
+        mask = mask.unsqueeze(-1).expand(-1, 2, 2).reshape(-1, 4)
+        return logits.masked_fill(mask == 0, 0.0).reshape(x.shape[0], x.shape[1], 4).softmax(1)
+
     def merged_order(x):  # the sort's positions over tokens merged with the batch as values: static, exact
         ids = (x.reshape(-1, 16) @ w.to(x.device)).argmax(-1)
         return ids.sort().indices.float() * 2
@@ -177,7 +184,7 @@ def test_ops_masked_or_kept_static_stay_exact(highest) -> None:
 
     cases = ((tiled, True), (dense_router, True), (top_features, True), (router, True), (half_rotated, True), (shifted, False),
              (last_token, False), (scaled, True), (pooled, True), (ranked, True), (windowed, True),
-             (counted, True), (moe_dispatch, True), (merged_order, False),
+             (counted, True), (moe_dispatch, True), (merged_order, False), (grouped_router, True),
              (stacked, True), (rotary_complex, True))
     wrong = []  # every case is checked, so a missing rule names each case it breaks
     for fn, padded in cases:
