@@ -32,7 +32,7 @@ from harness.diagnose.core import _finish, _launch_blocking, _set_precision
 from harness.diagnose.diagnosis import Diagnosis, diff_dicts, first_line
 from harness.diagnose.ops import FailureProbe, OpCall, RecordOps, clone_cpu, describe, replay, spec_text
 from harness.entry_calls import compile_call, failure_status, prepare_inputs, prepare_model
-from harness.sweep import draws, emulate, numerics
+from harness.sweep import draws, emulate, float64_ops, numerics
 from harness.sweep import train as T
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -131,7 +131,7 @@ def diagnose_train_built(built: Any, entry: Any, mode: str = "eager", *, out_dir
         d.status, d.error_type, d.error_message = "baseline_fail", type(ref.error).__name__, first_line(ref.error)
         d.summary = f"{ref.stage} fails on CPU: {d.error_type}: {d.error_message}"
         return _finish(d, start, out)
-    with emulate.cpu_reference():
+    with emulate.cpu_reference(), float64_ops.kernels():
         f64 = _train_step(built, entry, None, torch.float64, seed, rebuild, exclude=tol.data_dependent)
     fp64 = _valid_reference(ref, f64, tol, d)
     null = T.null_gradients({f"grad.{k}": v for k, v in ref.grads.items()},

@@ -25,8 +25,8 @@ from harness.entry_calls import (  # noqa: F401  (re-exported: repro scripts wri
     to_cpu,
 )
 from harness.schema import SCHEMA_VERSION
-from harness.sweep import (control, draws, emulate, informative, numerics, perf, tensor_parallel, ties, train,
-                           train_weights)
+from harness.sweep import (control, draws, emulate, float64_ops, informative, numerics, perf, tensor_parallel, ties,
+                           train, train_weights)
 from harness.sweep.device import Device, backend_phase
 from harness.sweep.options import SweepOptions
 from hf_tpu.precision import cpu_reference
@@ -129,7 +129,7 @@ def run_entry(entry, modes: tuple[str, ...], opts: SweepOptions, device: Device,
                 torch.manual_seed(opts.seed)
                 f64 = model_dtype.float64_reference(dtype)  # float8 runs keep their float8 weights
                 rmodel = prepare_model(built.model, None, f64, rebuild)
-                with cpu_reference(), draws.shared_draws(opts.seed):
+                with cpu_reference(), draws.shared_draws(opts.seed), float64_ops.kernels():
                     fp64 = to_cpu(output_tensors(call(rmodel, prepare_inputs(built.inputs, None, f64))))
             del rmodel
         except Exception:  # noqa: BLE001  (no fp64 reference: allclose alone decides)
@@ -245,7 +245,7 @@ def run_train_phase(entry, built, modes: tuple[str, ...], opts: SweepOptions, de
     if not skip_reference:
         emit("phase", "train-reference")
         try:
-            with cpu_reference():
+            with cpu_reference(), float64_ops.kernels():
                 fp64 = train.run_steps(built, entry, None, opts.train_steps, torch.float64, opts.seed, rebuild,
                                        exclude=tol.data_dependent)["tensors"]
         except train.StepError:

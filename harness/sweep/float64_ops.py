@@ -1,0 +1,65 @@
+"""Float64 kernels CPU PyTorch lacks, for the sweep's float64 reference runs only.
+
+`torch._grouped_mm` (what `F.grouped_mm` calls; Transformers' MoE experts run through it:
+transformers/integrations/moe.py) has CPU kernels for float32, bfloat16 and float16 only: in float64 it
+raises "Expected mat_a to be Float32, BFloat16 or Float16 matrix, got Double". Every MoE model of the zoo
+then had no float64 reference at all, and its rows were judged by allclose at 1e-4 of each tensor's scale
+(15 of the full-zoo train run's 29 Transformers eager fail_accuracy rows: AFMoE, Aria, AXK1/2,
+BailingHybrid, Beam). Within `kernels()`, a float64 grouped matmul runs as its definition, one matmul per
+group, from ordinary differentiable ops, so the backward works too. Only float64 calls are taken over: the
+float32 baseline and the device runs are untouched.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+
+def grouped_mm(mat_a: torch.Tensor, mat_b: torch.Tensor, offs: torch.Tensor | None = None,
+               bias: torch.Tensor | None = None, out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """torch._grouped_mm's definition. `offs`: cumulative group ends along the dimension the 2-D operand(s)
+    are grouped on (M for 2-D x 3-D, N for 3-D x 2-D, K for 2-D x 2-D); 3-D x 3-D is a batched matmul.
+    Rows (or columns) past the last offset are zero."""
+    if bias is not None:
+        raise NotImplementedError("float64 grouped_mm with a bias")
+    ends = [int(e) for e in offs.tolist()] if offs is not None else []
+    starts = [0, *ends[:-1]]
+    if mat_a.dim() == 3 and mat_b.dim() == 3:
+        out = torch.bmm(mat_a, mat_b)
+    elif mat_a.dim() == 2 and mat_b.dim() == 3:  # tokens sorted by group: rows s:e use group g's matrix
+        parts = [mat_a[s:e] @ mat_b[g] for g, (s, e) in enumerate(zip(starts, ends, strict=True))]
+        rest = mat_a.new_zeros(mat_a.shape[0] - (ends[-1] if ends else 0), mat_b.shape[-1])
+        out = torch.cat([*parts, rest], 0)
+    elif mat_a.dim() == 3 and mat_b.dim() == 2:  # columns s:e of the output use group g's matrix
+        parts = [mat_a[g] @ mat_b[:, s:e] for g, (s, e) in enumerate(zip(starts, ends, strict=True))]
+        rest = mat_a.new_zeros(mat_a.shape[1], mat_b.shape[-1] - (ends[-1] if ends else 0))
+        out = torch.cat([*parts, rest], 1)
+    elif mat_a.dim() == 2 and mat_b.dim() == 2:  # the contraction split by group: one output per group
+        out = torch.stack([mat_a[:, s:e] @ mat_b[s:e] for s, e in zip(starts, ends, strict=True)])
+    else:
+        raise ValueError(f"grouped_mm of {mat_a.dim()}-D and {mat_b.dim()}-D operands")
+    return out if out_dtype is None else out.to(out_dtype)
+
+
+class _Float64Kernels(TorchFunctionMode):
+    def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        if func in _TAKEN and args and isinstance(args[0], torch.Tensor) and args[0].dtype == torch.float64:
+            return grouped_mm(*args, **kwargs)
+        return func(*args, **kwargs)
+
+
+_TAKEN = {torch._grouped_mm, *([torch.nn.functional.grouped_mm] if hasattr(torch.nn.functional, "grouped_mm")
+                               else [])}
+
+
+@contextlib.contextmanager
+def kernels() -> Iterator[None]:
+    """Within: float64 calls of the ops above run by their definitions (a float64 reference run)."""
+    with _Float64Kernels():
+        yield
