@@ -108,6 +108,29 @@ def _storage_base(node: torch.fx.Node) -> torch.fx.Node:
     return node
 
 
+def _integral_promotion(n: torch.fx.Node) -> Any:
+    """The JAX dtype a node's array inputs are cast to first, or None: eager's rule (op_dtypes.
+    integral_promotion) on the graph's metadata. Integer or bool inputs of an op whose result is floating
+    (special_bessel_j1 on bool) reach the lowering as they are in a graph, and JAX's float functions reject
+    them ("sign does not accept dtype bool")."""
+    vals = [a.meta.get("val") for a in pytree.tree_leaves((n.args, n.kwargs)) if isinstance(a, torch.fx.Node)]
+    tensors = [v for v in vals if isinstance(v, torch.Tensor)]
+    if not tensors or any(t.is_floating_point() or t.is_complex() for t in tensors):
+        return None
+    out = n.meta.get("val")
+    out = out[0] if isinstance(out, (tuple, list)) and out else out
+    if not isinstance(out, torch.Tensor) or not out.is_floating_point():
+        return None
+    return dtypes.to_jax(out.dtype)
+
+
+def _promoted(fn: Callable[..., Any], want: Any) -> Callable[..., Any]:
+    def cast(x: Any) -> Any:
+        return x.astype(want) if hasattr(x, "astype") and hasattr(x, "shape") else x
+
+    return lambda *a, **k: fn(*pytree.tree_map(cast, a), **pytree.tree_map(cast, k))
+
+
 def to_jax_function(gm: torch.fx.GraphModule,
                     wrap_node: Callable[[torch.fx.Node, Callable[..., Any]], Callable[..., Any]] | None = None,
                     ) -> Callable[..., Any]:
@@ -119,6 +142,9 @@ def to_jax_function(gm: torch.fx.GraphModule,
     for n in nodes:
         if n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload):
             fns[n] = _lower_node_target(n.target)  # fail at compile time, naming the op
+            promote = _integral_promotion(n)
+            if promote is not None:
+                fns[n] = _promoted(fns[n], promote)
             src = n.args[0] if n.args else None
             if n.target in _AS_STRIDED and isinstance(src, torch.fx.Node) and isinstance(
                     src.meta.get("val"), torch.Tensor):
@@ -350,6 +376,15 @@ def decompositions() -> dict[Any, Any]:
             for ov in op.overloads():
                 table.setdefault(getattr(op, ov), fn)
     table.update(op_registry.table("graph_decomposition"))
+    # PyTorch's other decompositions (eager runs them too: lowering.decomposition), for ops no rule of ours
+    # covers: such an op would otherwise fail at compile time with NoLowering (ldexp.Tensor, special_bessel_j1
+    # and special_ndtr on integers decomposed in eager but not in compiled graphs)
+    from torch._decomp import decomposition_table
+
+    ruled = {**op_registry.table("graph"), **op_registry.table("backward"), **op_registry.table("eager")}
+    for op, fn in decomposition_table.items():
+        if op not in table and op not in ruled:
+            table[op] = fn
     # keep ops we lower directly whole (fewer, larger XLA ops); decompose only what we cannot lower
     return {op: fn for op, fn in table.items() if lowering.find(op) is None}
 

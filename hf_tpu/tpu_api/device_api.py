@@ -123,6 +123,10 @@ def initial_seed() -> int:
     return rng.initial_seed()
 
 
+# torch.compile'd code that saves and restores the tpu generator (torch.random.fork_rng; PyTorch's OpInfo
+# wrapper_set_seed around `x.item()`) runs these two eagerly: Dynamo cannot trace the NumPy view of the JAX key
+# ("Expected np.nditer base, got memoryview"). torch._disable_dynamo imports Dynamo only when called.
+@torch._disable_dynamo
 def get_rng_state(device: Any = "tpu") -> torch.Tensor:
     """The tpu generator's state as a uint8 CPU tensor (the JAX key's bytes)."""
     from hf_tpu import rng
@@ -131,6 +135,7 @@ def get_rng_state(device: Any = "tpu") -> torch.Tensor:
     return rng.state_bytes()
 
 
+@torch._disable_dynamo
 def set_rng_state(new_state: torch.Tensor, device: Any = "tpu") -> None:
     """Restore a state from get_rng_state: the next draws repeat the ones that followed it."""
     from hf_tpu import rng
