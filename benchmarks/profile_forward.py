@@ -24,11 +24,16 @@ import collections
 import copy
 import os
 import statistics
+import sys
 import time
 from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TORCH_TPU_DEFER_AND_FUSE", "0")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from profile_classes import FORWARD_CLASSES as CLASSES  # noqa: E402
+from profile_classes import op_class, per_class, print_table, wait  # noqa: E402
 
 MODELS = {
     "gpt2": ("GPT2Config", "GPT2LMHeadModel", {}),
@@ -36,30 +41,6 @@ MODELS = {
         hidden_size=1024, intermediate_size=3072, num_attention_heads=16, num_key_value_heads=8, head_dim=128,
         vocab_size=151936, tie_word_embeddings=True, num_hidden_layers=2)),
 }
-
-CLASSES = (
-    ("matmul", ("addmm", "mm", "bmm", "matmul", "linear", "baddbmm", "addbmm", "dot")),
-    ("attention", ("scaled_dot_product", "softmax", "_softmax", "flash_attention", "efficient_attention")),
-    ("normalisation", ("layer_norm", "rms_norm", "native_layer_norm")),
-    ("embedding/indexing", ("embedding", "index", "gather", "scatter", "take", "masked_fill", "where")),
-    ("layout/views", ("view", "reshape", "transpose", "permute", "t", "expand", "contiguous", "clone", "copy_",
-                      "_to_copy", "to", "slice", "select", "split", "unsqueeze", "squeeze", "cat", "stack",
-                      "as_strided", "_unsafe_view", "alias", "detach", "empty", "empty_strided", "_reshape_alias",
-                      "split_with_sizes", "narrow", "unbind", "lift_fresh", "arange", "ones", "zeros", "full")),
-    ("elementwise", ("add", "sub", "mul", "div", "pow", "tanh", "gelu", "silu", "neg", "rsqrt", "sqrt", "exp",
-                     "mean", "sum", "cos", "sin", "sigmoid", "relu", "abs", "add_", "mul_", "div_", "eq", "ne",
-                     "lt", "gt", "le", "ge", "bitwise_and", "bitwise_or", "logical_not", "le_", "fill_", "max",
-                     "min", "cumsum", "any", "all", "rsub", "reciprocal", "clamp", "float")),
-)
-
-
-def op_class(name: str) -> str:
-    base = name.removeprefix("aten::").split(".")[0].lstrip("_")
-    for cls, names in CLASSES:
-        if base in names or any(base.startswith(n) for n in names if len(n) > 4):
-            return cls
-    return "other"
-
 
 def build(model: str):  # noqa: ANN201 - a Transformers model
     import torch
@@ -90,10 +71,7 @@ class ProgramTimer:
         def run(*arrays: Any) -> Any:
             t = time.perf_counter()
             out = prog(*arrays)
-            for r in out if isinstance(out, tuple | list) else (out,):
-                wait = getattr(r, "block_until_ready", None)
-                if wait is not None:
-                    wait()
+            wait(out)
             self.seconds[name] += time.perf_counter() - t
             self.calls[name] += 1
             return out
@@ -119,14 +97,7 @@ def profile(model: Any, ids: Any, repeats: int) -> tuple[dict[str, list[float]],
             t = time.perf_counter()
             model(ids, use_cache=False).logits.cpu()
             walls.append(time.perf_counter() - t)
-    out: dict[str, list[float]] = collections.defaultdict(lambda: [0.0, 0.0])
-    for ev in prof.key_averages():
-        if not ev.key.startswith("aten::"):
-            continue
-        row = out[op_class(ev.key)]
-        row[0] += ev.self_cpu_time_total / 1e3 / repeats
-        row[1] += ev.count / repeats
-    return out, statistics.fmean(walls) * 1e3
+    return per_class(prof, repeats, CLASSES), statistics.fmean(walls) * 1e3
 
 
 def main() -> None:
@@ -167,7 +138,7 @@ def main() -> None:
         timer.remove()
     xla_cls: dict[str, float] = collections.defaultdict(float)
     for name, s in timer.seconds.items():
-        xla_cls[op_class(name)] += s * 1e3 / args.repeats
+        xla_cls[op_class(name, CLASSES)] += s * 1e3 / args.repeats
 
     print(f"\n{args.model} forward 1 x {args.seq}, no grad, precision highest, torch threads "
           f"{torch.get_num_threads()}; {args.repeats} forwards each, ms per forward")
@@ -175,23 +146,7 @@ def main() -> None:
           f"  tpu/cpu {statistics.median(plain['tpu']) / statistics.median(plain['cpu']):.2f}  "
           f"(median of {args.repeats}, alternating; spread cpu {min(plain['cpu']):.1f}-{max(plain['cpu']):.1f}, "
           f"tpu {min(plain['tpu']):.1f}-{max(plain['tpu']):.1f})\n")
-    print("| op class | ops/fwd | cpu ms | tpu ms | tpu XLA ms | tpu dispatch ms | tpu/cpu |")
-    print("|---|---|---|---|---|---|---|")
-    names = [c for c, _ in CLASSES] + ["other"]
-    tot = [0.0, 0.0, 0.0]
-    for cls in names:
-        c = cpu_cls.get(cls, [0.0, 0.0])
-        t = tpu_cls.get(cls, [0.0, 0.0])
-        if not c[1] and not t[1]:
-            continue
-        x = xla_cls.get(cls, 0.0)
-        tot[0] += c[0]
-        tot[1] += t[0]
-        tot[2] += x
-        ratio = f"{t[0] / c[0]:.2f}" if c[0] else "-"
-        print(f"| {cls} | {t[1]:.0f} | {c[0]:.1f} | {t[0]:.1f} | {x:.1f} | {t[0] - x:.1f} | {ratio} |")
-    print(f"| all ATen ops | | {tot[0]:.1f} | {tot[1]:.1f} | {tot[2]:.1f} | {tot[1] - tot[2]:.1f} | "
-          f"{tot[1] / tot[0]:.2f} |")
+    tot = print_table(cpu_cls, tpu_cls, xla_cls, CLASSES, "ops/fwd", 1)
     print(f"| outside ops (model Python) | | {cpu_wall - tot[0]:.1f} | {tpu_wall - tot[1]:.1f} | | | |")
     print(f"| forward (profiled wall) | | {cpu_wall:.1f} | {tpu_wall:.1f} | | | {tpu_wall / cpu_wall:.2f} |")
 

@@ -1,7 +1,7 @@
 """Where a training step's time goes, per op class, on tpu (Strict eager) against CPU eager.
 
   python benchmarks/profile_train.py [--model gpt2] [--batch 4] [--seq 128] [--steps 2] [--no-autocast]
-                                     [--threads 0]
+                                     [--threads 0] [--tiny]
 
 One process builds the model (seeded, offline, dropout off, precision "highest"), keeps a CPU copy and a tpu
 copy, each with AdamW(fused=True), and takes finetune_step.py's step on each: forward with labels under
@@ -33,31 +33,11 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TORCH_TPU_DEFER_AND_FUSE", "0")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from profile_forward import CLASSES as FORWARD_CLASSES  # noqa: E402
+from profile_classes import TRAIN_CLASSES as CLASSES  # noqa: E402
+from profile_classes import op_class, per_class, print_table, wait  # noqa: E402
 
-CLASSES = (
-    ("optimizer", ("fused_adamw", "fused_adam", "foreach", "fused_sgd")),
-    ("loss", ("nll_loss", "log_softmax", "cross_entropy", "_log_softmax")),
-    ("matmul", ("addmm", "mm", "bmm", "matmul", "linear", "baddbmm", "addbmm", "dot")),
-    ("attention", ("scaled_dot_product", "softmax", "_softmax", "flash_attention", "efficient_attention",
-                   "_softmax_backward_data")),
-    ("normalisation", ("layer_norm", "rms_norm", "native_layer_norm", "native_layer_norm_backward")),
-    ("embedding/indexing", ("embedding", "embedding_dense_backward", "index", "gather", "scatter", "take",
-                            "masked_fill", "where", "index_put", "index_add")),
-    ("elementwise", (*dict(FORWARD_CLASSES)["elementwise"], "gelu_backward", "tanh_backward", "threshold_backward",
-                     "sigmoid_backward", "silu_backward", "zero_", "zeros_like", "ones_like", "add_", "sum",
-                     "_to_copy", "to")),
-    ("layout/views", dict(FORWARD_CLASSES)["layout/views"]),
-)
-
-
-def op_class(name: str) -> str:
-    base = name.removeprefix("aten::").split(".")[0].lstrip("_")
-    for cls, names in CLASSES:
-        stripped = [n.lstrip("_") for n in names]
-        if base in stripped or any(base.startswith(n) for n in stripped if len(n) > 4):
-            return cls
-    return "other"
+# programs run outside any ATen op's dispatch (an autograd Function's), charged to the op they stand for
+_PROGRAM_OPS = {"hf_tpu.cross_entropy": "aten::cross_entropy_loss"}
 
 
 class ProgramTimer:
@@ -77,6 +57,7 @@ class ProgramTimer:
 
         def jit(fn: Any, **kw: Any) -> Any:
             prog = orig(fn, **kw)
+            module = getattr(getattr(fn, "func", fn), "__module__", "")
             variants = (getattr(prog, "fast", None), getattr(prog, "full", None))
 
             def run(*args: Any, **kwargs: Any) -> Any:
@@ -85,13 +66,12 @@ class ProgramTimer:
                 before = [v._cache_size() for v in variants if v is not None]
                 t = time.perf_counter()
                 out = prog(*args, **kwargs)
-                for r in out if isinstance(out, tuple | list) else (out,):
-                    wait = getattr(r, "block_until_ready", None)
-                    if wait is not None:
-                        wait()
+                wait(out)
                 dt = time.perf_counter() - t
                 op = fused.current_op
-                name = "aten::" + str(op).removeprefix("aten.").split(".")[0] if op is not None else "?"
+                # (current_op is the last op dispatched: stale inside an autograd Function)
+                name = _PROGRAM_OPS.get(module) or (
+                    "aten::" + str(op).removeprefix("aten.").split(".")[0] if op is not None else "?")
                 timer.seconds[name] += dt
                 after = [v._cache_size() for v in variants if v is not None]
                 kind = "full" if variants[1] is not None and xla_options._large(args, xla_options.LARGE_ELEMENTS) \
@@ -132,14 +112,7 @@ def profile(run: Any, steps: int) -> tuple[dict[str, list[float]], float]:
             t = time.perf_counter()
             run()
             walls.append(time.perf_counter() - t)
-    out: dict[str, list[float]] = collections.defaultdict(lambda: [0.0, 0.0])
-    for ev in prof.key_averages():
-        if not ev.key.startswith("aten::"):
-            continue
-        row = out[op_class(ev.key)]
-        row[0] += ev.self_cpu_time_total / 1e3 / steps
-        row[1] += ev.count / steps
-    return out, statistics.fmean(walls) * 1e3
+    return per_class(prof, steps, CLASSES), statistics.fmean(walls) * 1e3
 
 
 def main() -> None:
@@ -151,6 +124,7 @@ def main() -> None:
     ap.add_argument("--no-autocast", action="store_true")
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--no-profile", action="store_true", help="only the unprofiled alternating step times")
+    ap.add_argument("--tiny", action="store_true", help="a 2-layer, 64-wide GPT-2 (a smoke test of the script)")
     args = ap.parse_args()
 
     import torch
@@ -165,7 +139,9 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     transformers.utils.logging.set_verbosity_error()
-    cfg_name, cls_name, kwargs = finetune_step.MODELS[args.model]
+    cfg_name, cls_name, kwargs = finetune_step.MODELS["gpt2" if args.tiny else args.model]
+    if args.tiny:
+        kwargs = dict(n_layer=2, n_embd=64, n_head=4, vocab_size=1000, n_positions=args.seq)
     torch.manual_seed(0)
     config = getattr(transformers, cfg_name)(**kwargs)
     for name in ("resid_pdrop", "embd_pdrop", "attn_pdrop", "attention_dropout"):
@@ -200,7 +176,7 @@ def main() -> None:
     timer.on = False
     xla_cls: dict[str, float] = collections.defaultdict(float)
     for name, s in timer.seconds.items():
-        xla_cls[op_class(name)] += s * 1e3 / args.steps
+        xla_cls[op_class(name, CLASSES)] += s * 1e3 / args.steps
 
     c_med, t_med = statistics.median(plain["cpu"]), statistics.median(plain["tpu"])
     print(f"\n{args.model} training step {args.batch} x {args.seq}, AdamW(fused), "
@@ -214,22 +190,7 @@ def main() -> None:
     print(f"tpu XLA programs run per step: {per.get('fast', 0) + per.get('full', 0):.0f} "
           f"({per.get('full', 0):.0f} full optimisation, {per.get('fast', 0):.0f} fast compile); compiled "
           f"during the profiled steps: {timer.calls.get('compiled', 0)}\n")
-    print("| op class | tpu ops/step | cpu ms | tpu ms | tpu XLA ms | tpu dispatch ms | tpu/cpu |")
-    print("|---|---|---|---|---|---|---|")
-    tot = [0.0, 0.0, 0.0]
-    for cls in [c for c, _ in CLASSES] + ["other"]:
-        c = cpu_cls.get(cls, [0.0, 0.0])
-        t = tpu_cls.get(cls, [0.0, 0.0])
-        if not c[1] and not t[1]:
-            continue
-        x = xla_cls.get(cls, 0.0)
-        tot[0] += c[0]
-        tot[1] += t[0]
-        tot[2] += x
-        ratio = f"{t[0] / c[0]:.2f}" if c[0] else "-"
-        print(f"| {cls} | {t[1]:.0f} | {c[0]:.0f} | {t[0]:.0f} | {x:.0f} | {t[0] - x:.0f} | {ratio} |")
-    print(f"| all ATen ops | | {tot[0]:.0f} | {tot[1]:.0f} | {tot[2]:.0f} | {tot[1] - tot[2]:.0f} | "
-          f"{tot[1] / tot[0]:.2f} |")
+    print_table(cpu_cls, tpu_cls, xla_cls, CLASSES, "tpu ops/step", 0)
     print(f"| step (profiled wall) | | {cpu_wall:.0f} | {tpu_wall:.0f} | | | {tpu_wall / cpu_wall:.2f} |")
     top = sorted(timer.seconds.items(), key=lambda kv: -kv[1])[:12]
     print("\ntpu XLA ms per step by op: " + ", ".join(f"{k.removeprefix('aten::')} {v * 1e3 / args.steps:.0f}"
