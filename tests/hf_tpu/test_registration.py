@@ -92,3 +92,30 @@ def test_transformers_sees_tpu() -> None:
         assert import_utils.is_torch_tpu_available()
     assert fn is not None
     assert torch.accelerator.current_accelerator().type == "tpu"
+
+
+_THREADED_FIRST_USE = """
+import faulthandler, threading
+faulthandler.dump_traceback_later(200, exit=True)  # a hang prints every thread's stack, then fails the run
+from concurrent.futures import ThreadPoolExecutor
+import torch
+n = 8
+barrier = threading.Barrier(n)
+def load(i):
+    barrier.wait()  # every thread's first tpu op at once
+    return (torch.full((4, 3), float(i))[1:3].to("tpu") * 2).cpu()
+with ThreadPoolExecutor(n) as pool:
+    got = list(pool.map(load, range(n)))
+assert all(torch.equal(g, torch.full((2, 3), 2.0 * i)) for i, g in enumerate(got)), got
+print("ok")
+"""
+
+
+def test_first_op_from_many_threads_at_once() -> None:
+    # Transformers' loader moves weights to the device in a thread pool, so a process's first tpu op (which
+    # imports the lowerings and JAX, and registers the kernels under device._first_op_lock) often runs in
+    # several threads at once. Every thread must get its result: without the lock the late threads called
+    # an unbound dispatch ("'NoneType' object is not callable"), and a lock taken in the wrong order would hang.
+    r = _python(_THREADED_FIRST_USE)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.split() == ["ok"]

@@ -152,3 +152,17 @@ def test_a_worker_dying_in_the_tp2_phase_costs_the_tp2_row_only():
                                SweepOptions(timeout=7))
     assert [(r["mode"], r["status"], r["error_message"]) for r in rows] == [("tp2", "timeout", "timeout after 7 s")]
     assert cont is None
+
+
+def test_a_control_out_of_time_gives_no_cause(tmp_path, monkeypatch):
+    """A CPU control that times out proves nothing about Transformers' plan (the row stays without a cause);
+    one that fails does (upstream)."""
+    got = {}
+    for status, error_type in (("timeout", "Timeout"), ("fail_to_run", "ValueError")):
+        def fake_launch(workdir, n, timeout, device, status=status, error_type=error_type):
+            raise tensor_parallel.RankFailure(status, error_type, "boom")
+
+        monkeypatch.setattr(tensor_parallel, "launch", fake_launch)
+        got[status] = tensor_parallel.control(tmp_path, 2, 10.0, {}, None, _tol())
+    assert got["timeout"]["cause"] == "" and got["timeout"]["control_error"].startswith("control did not finish")
+    assert got["fail_to_run"] == {"cause": "upstream", "control_error": "ValueError: boom"}
