@@ -13,30 +13,47 @@ from hf_tpu import op_jit, precision, runtime, xla_options
 
 pytestmark = pytest.mark.skipif(not runtime._cpu_only(), reason="the fast-compile flags are for XLA:CPU only")
 
-CODE = ("import json, torch; from hf_tpu import xla_options; (torch.ones(2, device='tpu') + 1).cpu(); "
-        "print(json.dumps(xla_options.full_options()))")
+# One child process decides every case: full_options() depends only on the environment JAX starts with, and
+# add_fast_compile_flags() acts while no JAX backend has started, so the child sets each case's environment,
+# adds the flags and reads full_options() (one process, not one per case: each costs a torch + JAX import).
+# The last case then runs an op, so the flags are also checked on a backend that really started.
+CHILD = """
+import json, os, sys
+from hf_tpu import runtime, xla_options
+base = {k: v for k, v in os.environ.items()}
+out = []
+for case in json.loads(sys.argv[1]):
+    os.environ.clear(); os.environ.update(base); os.environ.update(case)
+    runtime.add_fast_compile_flags()
+    out.append(xla_options.full_options())
+import torch
+(torch.ones(2, device="tpu") + 1).cpu()
+out.append(xla_options.full_options())
+print(json.dumps(out))
+"""
 
 
-def _full_options(**env: str) -> dict | None:
+def _full_options(*cases: dict[str, str]) -> list[dict | None]:
     base = {k: v for k, v in os.environ.items()
             if k not in ("XLA_FLAGS", "HF_TPU_XLA_FAST_COMPILE", "JAX_PLATFORMS", runtime.FAST_COMPILE_MARK_ENV)}
-    res = subprocess.run([sys.executable, "-c", CODE], env={**base, **env}, capture_output=True, text=True,
-                         timeout=300)
+    res = subprocess.run([sys.executable, "-c", CHILD, json.dumps(cases)], env=base, capture_output=True,
+                         text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-2000:]
     return json.loads(res.stdout.strip().splitlines()[-1])
 
 
 def test_full_options_undo_only_the_flags_hf_tpu_added():
     both = {"xla_backend_optimization_level": 3, "xla_cpu_use_fusion_emitters": True}
-    assert _full_options() == both
-    # the user's own level stays: only the flag hf-tpu added is overridden
-    assert _full_options(XLA_FLAGS="--xla_backend_optimization_level=0") == {"xla_cpu_use_fusion_emitters": True}
-    assert _full_options(HF_TPU_XLA_FAST_COMPILE="0") is None
-    # a child process inherits XLA_FLAGS with hf-tpu's flags and the mark naming them: still hf-tpu's
     inherited = " ".join(runtime.FAST_COMPILE_FLAGS)
-    assert _full_options(XLA_FLAGS=inherited, **{runtime.FAST_COMPILE_MARK_ENV: inherited}) == both
-    # the same flags set by a user (no mark) are the user's
-    assert _full_options(XLA_FLAGS=inherited) is None
+    got = _full_options(
+        {"XLA_FLAGS": "--xla_backend_optimization_level=0"},  # the user's own level stays: only ours is undone
+        {"HF_TPU_XLA_FAST_COMPILE": "0"},
+        # a child process inherits XLA_FLAGS with hf-tpu's flags and the mark naming them: still hf-tpu's
+        {"XLA_FLAGS": inherited, runtime.FAST_COMPILE_MARK_ENV: inherited},
+        {"XLA_FLAGS": inherited},  # the same flags set by a user (no mark) are the user's
+        {},  # nothing set: hf-tpu adds both, and the backend that then starts (an op runs) keeps them
+    )
+    assert got == [{"xla_cpu_use_fusion_emitters": True}, None, both, None, both, both]
 
 
 def _program_sizes() -> tuple[int, int]:
