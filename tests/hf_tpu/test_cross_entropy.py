@@ -122,3 +122,32 @@ def test_no_grad_and_eligibility() -> None:
     assert cross_entropy.eligible(x, t, None, 1, 0.0)
     assert not cross_entropy.eligible(x, t.int(), None, 1, 0.0)
     assert not cross_entropy.eligible(x.cpu(), t.cpu(), None, 1, 0.0)
+
+
+def test_compiled_keeps_the_composite() -> None:
+    """torch.compile traces cross_entropy with FakeTensors: the kernel hands it to the composite, and the
+    compiled loss and gradient equal CPU's."""
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(16, 50)
+    x, t = torch.randn(8, 16), torch.randint(0, 50, (8,))
+    t[0] = -100
+
+    def f(m: torch.nn.Module, x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(m(x), t)
+
+    with cpu_reference():
+        cpu_loss = f(lin, x, t)
+        cpu_loss.backward()
+    lin_t = torch.nn.Linear(16, 50)
+    lin_t.load_state_dict(lin.state_dict())
+    lin_t.to("tpu")
+    prev = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("highest")
+    try:
+        loss = torch.compile(f, backend="tpu")(lin_t, x.to("tpu"), t.to("tpu"))
+        loss.backward()
+    finally:
+        torch.set_float32_matmul_precision(prev)
+    assert type(loss.grad_fn).__name__ == "CompiledFunctionBackward"
+    torch.testing.assert_close(loss.cpu(), cpu_loss.detach(), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(lin_t.weight.grad.cpu(), lin.weight.grad, rtol=1e-5, atol=1e-6)
