@@ -177,6 +177,26 @@ def _convolution(x: Any, weight: Any, bias: Any, stride: Any, padding: Any, dila
     return entry.func(x, weight, bias, stride, padding, dilation, transposed, output_padding, groups)
 
 
+@lowers(aten.diagonal_scatter.default)
+def _diagonal_scatter(x: Any, src: Any, offset: int = 0, dim1: int = 0, dim2: int = 1) -> Any:
+    """torchax's, with negative dims made positive first: it rejects them ("dim1 and dim2 must be different and
+    in range"), and diagonal_backward passes dim1=-2, dim2=-1 (torch.linalg.diagonal's gradient raised)."""
+    table = load_op_table()[0]
+    entry = table.get(aten.diagonal_scatter.default) or table[aten.diagonal_scatter]
+    n = max(x.ndim, 1)
+    return entry.func(x, src, offset, dim1 % n, dim2 % n)
+
+
+@lowers(aten.slice_scatter.default)
+def _slice_scatter(x: Any, src: Any, dim: int = 0, start: int | None = None, end: int | None = None,
+                   step: int = 1) -> Any:
+    """torchax's, with a negative dim made positive first: it compares dim with each axis, so dim=-1 wrote
+    nothing ("Incompatible types for broadcasting"; slice_backward of x.narrow(-1, ...) raised)."""
+    table = load_op_table()[0]
+    entry = table.get(aten.slice_scatter.default) or table[aten.slice_scatter]
+    return entry.func(x, src, dim % max(x.ndim, 1), start, end, step)
+
+
 def _upsample_aa(method: str) -> Callable[..., Any]:
     """_upsample_{bilinear,bicubic}2d_aa (antialiased resize) through jax.image.scale_and_translate, the public
     API: torchax 0.0.13's lowering calls a private JAX table whose entries are no longer callables ('tuple'

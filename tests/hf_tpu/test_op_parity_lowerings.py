@@ -134,3 +134,23 @@ def test_ldl_solve_reads_cpus_bunch_kaufman_pivots(dtype, hermitian) -> None:
     assert (pivots < 0).any() and (pivots != torch.arange(1, 7, dtype=torch.int32)).any()  # blocks and swaps
     b = torch.randn(3, 6, 2, dtype=dtype)
     _close(*_pair(lambda l_, p_, b_: torch.linalg.ldl_solve(l_, p_, b_, hermitian=hermitian), ld, pivots, b))
+
+
+def test_diagonal_and_slice_backward_with_negative_dims() -> None:
+    """torch.linalg.diagonal's gradient: diagonal_backward calls diagonal_scatter with dim1=-2, dim2=-1, which
+    torchax's lowering rejected; x.narrow(-1, ...)'s: slice_backward calls slice_scatter with dim=-1."""
+    x = torch.randn(3, 4, 4)
+    g = []
+    for dev in ("cpu", "tpu"):
+        v = x.detach().to(dev).requires_grad_()
+        (torch.linalg.diagonal(v, offset=1) * torch.arange(3.0, device=dev)).sum().backward()
+        g.append(v.grad)
+    _close(*g)
+    _close(*_pair(lambda a, s: torch.diagonal_scatter(a, s, 0, -1, -2), x, torch.randn(3, 4)))
+    g = []
+    for dev in ("cpu", "tpu"):
+        v = x.detach().to(dev).requires_grad_()
+        (v.narrow(-1, 1, 2) * torch.arange(2.0, device=dev)).sum().backward()
+        g.append(v.grad)
+    _close(*g)
+    _close(*_pair(lambda a, s: torch.slice_scatter(a, s, -1, 1, 3), x, torch.randn(3, 4, 2)))
