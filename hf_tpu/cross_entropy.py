@@ -78,12 +78,39 @@ def backward(grad: Any, x: Any, target: Any, mx: Any, logsum: Any, *, reduction:
     return jnp.where(cls == target[:, None], p_s - s, p_s)
 
 
+def _read(arrays: tuple, keys: tuple, fn: Any, reduction: int, ignore_index: int) -> Any:
+    from hf_tpu import tensor as T
+
+    values = [a if k is None else T.apply_operand(a, k) for a, k in zip(arrays, keys, strict=True)]
+    return fn(*values, reduction=reduction, ignore_index=ignore_index)
+
+
 @functools.cache
-def _program(fn: Any, reduction: int, ignore_index: int) -> Any:
+def _program(fn: Any, reduction: int, ignore_index: int, keys: tuple) -> Any:
     from hf_tpu import xla_options
 
-    # full optimisation at real size, fast compile for small losses (xla_options.py's rule)
-    return xla_options.jit(functools.partial(fn, reduction=reduction, ignore_index=ignore_index))
+    # full optimisation at real size, fast compile for small losses (xla_options.py's rule); `keys`: how each
+    # argument is read from its buffer (tensor.operand), so that a view (Transformers' logits.view(-1, V))
+    # is read inside the program instead of copied out before it (a 103 MB copy at GPT-2 size, each way)
+    def run(*arrays: Any) -> Any:
+        return _read(arrays, keys, fn, reduction, ignore_index)
+
+    return xla_options.jit(run)
+
+
+def _call(fn: Any, reduction: int, ignore_index: int, *tensors: torch.Tensor) -> Any:
+    from hf_tpu import tensor as T
+
+    arrays, keys = [], []
+    for t in tensors:
+        o = T.operand(t)
+        if type(o) is T.Operand:
+            arrays.append(o.array)
+            keys.append(o.key)
+        else:
+            arrays.append(o)
+            keys.append(None)
+    return _program(fn, reduction, ignore_index, tuple(keys))(*arrays)
 
 
 class _CrossEntropy(torch.autograd.Function):
@@ -92,8 +119,7 @@ class _CrossEntropy(torch.autograd.Function):
                 ignore_index: int) -> torch.Tensor:
         from hf_tpu import tensor as T
 
-        xa, ta = T.value(x), T.value(target)
-        loss, mx, logsum = _program(forward, reduction, ignore_index)(xa, ta)
+        loss, mx, logsum = _call(forward, reduction, ignore_index, x, target)
         ctx.reduction, ctx.ignore_index = reduction, ignore_index
         ctx.save_for_backward(x, target, T.wrap(mx), T.wrap(logsum))
         return T.wrap(loss)
@@ -104,8 +130,7 @@ class _CrossEntropy(torch.autograd.Function):
         from hf_tpu import tensor as T
 
         x, target, mx, logsum = ctx.saved_tensors
-        g = _program(backward, ctx.reduction, ctx.ignore_index)(
-            T.value(grad), *(T.value(t) for t in (x, target, mx, logsum)))
+        g = _call(backward, ctx.reduction, ctx.ignore_index, grad, x, target, mx, logsum)
         return T.wrap(g), None, None, None
 
 

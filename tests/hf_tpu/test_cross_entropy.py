@@ -151,3 +151,23 @@ def test_compiled_keeps_the_composite() -> None:
     assert type(loss.grad_fn).__name__ == "CompiledFunctionBackward"
     torch.testing.assert_close(loss.cpu(), cpu_loss.detach(), rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(lin_t.weight.grad.cpu(), lin.weight.grad, rtol=1e-5, atol=1e-6)
+
+
+def test_view_input_as_transformers_passes_it() -> None:
+    """Transformers' loss: logits (B, T, V) in bfloat16 -> .float() -> .view(-1, V), labels shifted and
+    viewed: the fused program reads the views from their buffers; loss and gradient equal CPU's."""
+    g = torch.Generator().manual_seed(3)
+    logits = (torch.randn(2, 9, 40, generator=g) * 3).bfloat16()
+    labels = F.pad(torch.randint(0, 40, (2, 9), generator=g), (0, 1), value=-100)[..., 1:].contiguous()
+
+    def run(device: str) -> tuple[torch.Tensor, torch.Tensor]:
+        leaf = logits.to(device, copy=True).requires_grad_()
+        loss = F.cross_entropy(leaf.float().view(-1, 40), labels.to(device).view(-1))
+        loss.backward()
+        return loss.detach().cpu(), leaf.grad.cpu()
+
+    with cpu_reference():
+        cpu_loss, cpu_grad = run("cpu")
+    tpu_loss, tpu_grad = run("tpu")
+    torch.testing.assert_close(tpu_loss, cpu_loss, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(tpu_grad, cpu_grad)  # bfloat16: equal to its rounding
