@@ -26,7 +26,8 @@ from typing import Any
 
 import torch
 
-from hf_tpu.bounded_plan import Factors, Mask, graph_plan
+from hf_tpu.bounded_plan import Mask, graph_plan
+from hf_tpu.bounded_sizes import Factors
 from hf_tpu.bounded_sizes import Unsupported, dyn_dims, evaluate, expr, is_dyn, make_buckets
 
 

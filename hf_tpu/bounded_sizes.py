@@ -105,3 +105,17 @@ def make_buckets(symbols: Sequence[Any], ranges: dict[Any, tuple[int, int | None
             break  # every symbol reached its max
         uppers.append(b)
     return Buckets(list(symbols), uppers, {s: ranges[s][0] for s in symbols})
+
+
+Factors = list[tuple[Any, ...]]  # per dimension, the row-major factors it is made of (size-1 factors dropped)
+
+
+def clean_factors(val: Any) -> Factors:
+    """A tensor's dimensions, each its own single factor (no view has merged any)."""
+    return [(expr(x),) for x in val.shape] if isinstance(val, torch.Tensor) else []
+
+
+def is_clean(f: Factors) -> bool:
+    """No dynamic dimension is merged with another."""
+    return all(len(dim) <= 1 or not any(is_dyn(x) for x in dim) for dim in f)
+
