@@ -15,7 +15,7 @@ def _install(session: nox.Session) -> None:
 @nox.session
 def tests(session: nox.Session) -> None:
     _install(session)
-    session.run("python", "-m", "pytest", "-m", "not slow", "-q", *session.posargs, env={"HF_HUB_OFFLINE": "1"})
+    session.run("python", "-m", "pytest", "-m", "not slow", "-n", "2", "--dist", "loadfile", "-q", *session.posargs, env={"HF_HUB_OFFLINE": "1"})
 
 
 @nox.session
