@@ -17,8 +17,11 @@ few tens of milliseconds more. So the rule, per program:
 
 The overrides are XLA's own defaults for the flags hf-tpu itself added (never for a flag the user set in
 XLA_FLAGS), passed per compilation as JAX's `compiler_options`, so nothing changes where the fast-compile
-flags are off (HF_TPU_XLA_FAST_COMPILE=0, or an accelerator). Results are the same either way (neither
-setting enables fast-math). JAX's persistent cache keys each program by its compile options (and
+flags are off (HF_TPU_XLA_FAST_COMPILE=0, or an accelerator). Neither setting enables fast-math, but the
+two may round a program differently in the last place (AdamW's step: 1 ulp in a few hundred of 77k elements,
+measured; tests/hf_tpu/test_xla_options.py holds them within 1e-6), so which side of the limit a call falls
+on can change its last bit, never more; a program that must be bit-stable across calls of different sizes
+picks one variant for all of them (optim_lowerings.variant). JAX's persistent cache keys each program by its compile options (and
 XLA_FLAGS), so a program cached under one setting is never served for the other; hf-tpu's graph cache holds
 ATen graphs, which are lowered and compiled again on load, so it needs no key of its own for this.
 """
