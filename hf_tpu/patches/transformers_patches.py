@@ -189,3 +189,23 @@ def _output_capture_registry(orig: Any, mod: Any) -> Any:
         return orig(self, model)
 
     return get
+
+
+# ------------------------------------------------------------------------------------------ doge_block_mask
+@patch("transformers.models.doge.modeling_doge", "DogeAttention.prepare_dynamic_mask", "doge_block_mask",
+       optional=True)
+def _doge_block_mask(orig: Any, mod: Any) -> Any:
+    """Upstream: modeling_doge imports flex attention's `BlockMask` only `if is_torch_flex_attn_available()`,
+    which Transformers answers False whenever the current accelerator is `tpu` (its flex attention refuses
+    TPU tensors), yet `DogeAttention.prepare_dynamic_mask` tests `isinstance(attention_mask, BlockMask)` on
+    every call with a mask. So with hf_tpu installed (or torch_tpu), every Doge forward fails with
+    "NameError: name 'BlockMask' is not defined", on CPU as well as on `tpu`, eager or compiled. Fix: give
+    the module torch's own `BlockMask` class, the name its code expects; with flex attention off no mask is
+    a BlockMask, so the test is False and the float/bool mask is applied as upstream means. (Not
+    masking_utils' fallback `BlockMask = torch.Tensor`: that would make every mask a "BlockMask" and Doge
+    would drop it.) The method itself is unchanged."""
+    if "BlockMask" not in vars(mod):
+        from torch.nn.attention.flex_attention import BlockMask
+
+        mod.BlockMask = BlockMask
+    return orig
