@@ -183,11 +183,34 @@ def index_of_array(array: Any) -> int:
         return op_index()
 
 
+_view_replay_on = torch._C._is_view_replay_enabled
+
+
+def _replay_views() -> None:
+    """Make autograd replay view ops rather than call as_strided with a view's sizes, strides and offset.
+
+    PyTorch sees every tpu tensor as contiguous with storage offset 0 (module docstring), so a view's
+    recorded geometry is not where it sits in its base: `t[:, 2:].copy_(src)` gave src the gradient of
+    `t[:, :3]` (CopySlices' backward reads `grad.as_strided(view.sizes(), view.strides(),
+    view.storage_offset())`), and MLA attention (DeepSeek-style `key_states[..., :n].copy_(k_nope)`) trained
+    on wrong gradients in eager. With view replay (the switch of torch.autograd.grad_mode's
+    `_force_original_view_tracking`; XLA's tensors get the same through `support_as_strided()`), autograd
+    records the view op itself and replays it on the gradient. The flag is thread-local and changes how
+    autograd regenerates views, not values (CPU views in the same thread replay to the same result).
+    AOTAutograd's runtime wrapper may set it back on return; the next tpu view sets it again."""
+    torch._C._set_view_replay_enabled(True)
+
+
 def _create_view(shape: Any, dtype: torch.dtype, base: torch.Tensor | None, buf: Buffer) -> torch.Tensor:
     """An empty tensor to hold a view of `base`. Under inference_mode a tensor created here is an inference
     tensor, but a view of a normal tensor must be normal: autograd's view tracking then gives it base's
     version counter, which an inference tensor refuses ("Cannot set version_counter for inference tensor",
-    e.g. `weight.t()` in nn.Linear). CPU's views are normal because they copy base's dispatch keys."""
+    e.g. `weight.t()` in nn.Linear). CPU's views are normal because they copy base's dispatch keys.
+
+    It also turns on autograd's view replay for this thread (see _replay_views): every eager tpu view passes
+    here before autograd records it, so the recording replays the view op."""
+    if not _view_replay_on():
+        _replay_views()
     index = (base.device.index if base is not None else op_index()) if _MULTI else 0
     if base is not None and torch.is_inference_mode_enabled() and not base.is_inference():
         with torch.inference_mode(False):
