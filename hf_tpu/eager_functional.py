@@ -112,6 +112,12 @@ def eager_lowering(op: Any) -> Callable[..., Any] | None:
     return fn if fn is not None else _decomposed(op, lowering.find)
 
 
+def _own_lowerings() -> bool:
+    """The lowering table is the package's own: no hooks.override_lowerings in force (it replaces
+    lowering.find). Then an op's lowering is named by the op itself, in every process (op_jit's `shared`)."""
+    return getattr(getattr(lowering.find, "__wrapped__", None), "__module__", None) == lowering.__name__
+
+
 @functools.cache
 def _decomposed(op: Any, find: Callable[[Any], Any]) -> Callable[..., Any] | None:
     if not decomposed.traceable(op):
@@ -180,7 +186,7 @@ def _run_functional(op: Any, args: tuple, kwargs: dict) -> tuple[Any, plans.Plan
         jargs, jkwargs = map_args(float8.widen, jargs, jkwargs)
     try:
         res, program = op_jit.call_with_program(op, fn, jargs, jkwargs, precision.current(),
-                                                not lowering.is_random(op))
+                                                not lowering.is_random(op), _own_lowerings())
         if narrow_to is not None and meta_dtypes(op, args, kwargs) is None:  # data-dependent shapes
             want = dtypes.to_jax(narrow_to)
             res = pytree.tree_map(lambda r: float8.cast(r, want) if plans.is_array(r) and r.dtype.name == "float32"

@@ -25,6 +25,7 @@ from hf_tpu.tensor import apply_operand
 ENABLED = os.environ.get("HF_TPU_EAGER_JIT", "1") != "0"
 _untraceable: set[Any] = set()
 _programs: dict[Any, Callable[..., Any]] = {}
+traces = 0  # op programs traced in this process (a warm executable cache traces none it has seen)
 
 
 def freeze(x: Any) -> Any:
@@ -50,16 +51,20 @@ def _is_array(x: Any) -> bool:
     return hasattr(x, "shape") and hasattr(x, "dtype") and hasattr(x, "block_until_ready")
 
 
-def call(op: Any, fn: Callable[..., Any], args: tuple, kwargs: dict, precision: str, eligible: bool) -> Any:
+def call(op: Any, fn: Callable[..., Any], args: tuple, kwargs: dict, precision: str, eligible: bool,
+         shared: bool = False) -> Any:
     """fn(*args, **kwargs), through a cached jit program when possible."""
-    return call_with_program(op, fn, args, kwargs, precision, eligible)[0]
+    return call_with_program(op, fn, args, kwargs, precision, eligible, shared)[0]
 
 
 def call_with_program(op: Any, fn: Callable[..., Any], args: tuple, kwargs: dict, precision: str,
-                      eligible: bool) -> tuple[Any, Callable[..., Any] | None]:
+                      eligible: bool, shared: bool = False) -> tuple[Any, Callable[..., Any] | None]:
     """(fn(*args, **kwargs), the program that computed it from the array arguments (positional, in order
     of appearance), or None when it ran without one). Callers may call the program again directly for the
-    same op and static arguments (dispatch's fast path): jax.jit specialises it to new shapes itself."""
+    same op and static arguments (dispatch's fast path): jax.jit specialises it to new shapes itself.
+    `shared`: the caller vouches that `fn` is the package's own lowering of `op` (no override in force), so
+    the op and static arguments name the program in every process: its executables then go through the
+    executable cache (executable_cache.py), which skips tracing and lowering in a warm process."""
     if not eligible or op in _untraceable or not ENABLED:
         return _run_plain(fn, args, kwargs), None
     # Split the call into array leaves (traced) and a hashable static skeleton. A view (tensor.Operand)
@@ -87,7 +92,7 @@ def call_with_program(op: Any, fn: Callable[..., Any], args: tuple, kwargs: dict
     except TypeError:  # an unhashable static argument
         return _run_plain(fn, args, kwargs), None
     if prog is None:
-        prog = _programs[key] = _build(fn, sk_args, sk_kwargs)
+        prog = _programs[key] = _build(fn, sk_args, sk_kwargs, _ident(key) if shared else None)
     try:
         return prog(*arrays), prog
     except (*tracer_errors(), Untraceable):
@@ -113,7 +118,31 @@ class _OperandSlot:
     """Marks where a view goes back in: (_OperandSlot, key) reads it from its buffer inside the program."""
 
 
-def _build(fn: Callable[..., Any], sk_args: tuple, sk_kwargs: tuple) -> Callable[..., Any]:
+def _ident(key: tuple) -> str | None:
+    """The program's name across processes (executable_cache.Program), or None when a static argument has
+    no stable text (an object, an array): then it is cached in this process only."""
+    from hf_tpu import executable_cache
+
+    op, _fn, sk_args, sk_kwargs, precision, default_dtype = key
+
+    def text(x: Any) -> str:
+        if x is _Slot:
+            return "<array>"
+        if isinstance(x, tuple) and len(x) == 2 and x[0] is _OperandSlot:
+            return f"<view {executable_cache.stable(x[1])}>"
+        if isinstance(x, tuple) and len(x) == 2 and x[0] in (list, tuple):
+            return f"{x[0].__name__}[" + ",".join(text(v) for v in x[1]) + "]"
+        return executable_cache.stable(x)
+
+    try:
+        return "op_jit|" + "|".join([executable_cache.stable(op), ",".join(text(a) for a in sk_args),
+                                     ",".join(f"{k}={text(v)}" for k, v in sk_kwargs), str(precision),
+                                     str(default_dtype)])
+    except executable_cache.Unstable:
+        return None
+
+
+def _build(fn: Callable[..., Any], sk_args: tuple, sk_kwargs: tuple, ident: str | None = None) -> Callable[..., Any]:
     from hf_tpu import xla_options
 
     def fill(x: Any, it: Any) -> Any:
@@ -129,12 +158,14 @@ def _build(fn: Callable[..., Any], sk_args: tuple, sk_kwargs: tuple) -> Callable
     # Positional arrays, not one list: jax.jit's C++ fast path takes positional arrays ~7 us faster per
     # call than a list it must flatten as a pytree (9 vs 16 us for a small add, measured here).
     def program(*arrays: Any) -> Any:
+        global traces
+        traces += 1  # runs only while JAX traces the program
         it = iter(arrays)
         a = [fill(x, it) for x in sk_args]
         k = {name: fill(v, it) for name, v in sk_kwargs}
         return fn(*a, **k)
 
-    return xla_options.jit(program)  # fast compile, or XLA's defaults on large arrays
+    return xla_options.jit(program, ident=ident)  # fast compile, or XLA's defaults on large arrays
 
 
 @functools.cache

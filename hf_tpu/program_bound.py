@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from hf_tpu import counters
@@ -31,6 +32,8 @@ _loaded = 0  # executables obtained since the last check
 due = False  # read on every eager op (eager_functional.run_functional): a plain module attribute, cheap to test
 _stats = {"checks": 0, "releases": 0, "maps_before_last_release": 0, "maps_after_last_release": 0}
 _limit_override: int | None = None
+# called after every release: caches of executables outside JAX's own (executable_cache.py) drop theirs too
+on_release: list[Callable[[], None]] = []
 
 
 def map_limit() -> int:
@@ -90,6 +93,8 @@ def check(jax: Any) -> bool:
     if not core.trace_state_clean():
         return False
     jax.clear_caches()
+    for release in on_release:
+        release()
     _stats["releases"] += 1
     _stats["maps_before_last_release"] = before
     _stats["maps_after_last_release"] = map_count()

@@ -73,17 +73,28 @@ def jit_full(fn: Callable[..., Any], **jit_kwargs: Any) -> Any:
     return runtime.jax().jit(fn, compiler_options=full_options(), **jit_kwargs)
 
 
-def jit(fn: Callable[..., Any], **jit_kwargs: Any) -> Callable[..., Any]:
+def jit(fn: Callable[..., Any], ident: str | None = None, **jit_kwargs: Any) -> Callable[..., Any]:
     """jax.jit(fn), compiled with XLA's default optimisation for calls with an array of LARGE_ELEMENTS or more
     among the positional arguments (or in a list of them: the optimizer's parameters) and with the
-    fast-compile defaults otherwise (the module's rule)."""
+    fast-compile defaults otherwise (the module's rule). With an `ident` (a text that determines `fn`
+    completely, see executable_cache.py), executables are shared with other processes through the
+    executable cache, which then skips tracing and lowering."""
     jax = runtime.jax()
     fast = jax.jit(fn, **jit_kwargs)
     opts = full_options()
+    limit = LARGE_ELEMENTS
+    if ident is not None and not jit_kwargs:
+        from hf_tpu import executable_cache
+
+        if executable_cache.enabled():
+            if opts is None:
+                return executable_cache.Program(ident, {"fast": (fast, None)}, lambda args: "fast")
+            full = jax.jit(fn, compiler_options=opts)
+            return executable_cache.Program(ident, {"fast": (fast, None), "full": (full, opts)},
+                                            lambda args: "full" if _has_large(args, limit) else "fast")
     if opts is None:
         return fast
     full = jax.jit(fn, compiler_options=opts, **jit_kwargs)
-    limit = LARGE_ELEMENTS
 
     def call(*args: Any, **kwargs: Any) -> Any:
         return (full if _large(args, limit) else fast)(*args, **kwargs)

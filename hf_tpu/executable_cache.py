@@ -1,0 +1,404 @@
+"""Compiled XLA executables shared across processes, looked up before anything is traced.
+
+JAX's persistent compilation cache (runtime.py) is keyed by the lowered module: a new process still traces
+each program's Python (an eager op's lowering, a whole graph's) and lowers it to StableHLO before it can ask
+the cache, and a sweep worker pays that again for every op program it meets (~12 ms of CPU per small
+program warm, against ~4 ms to load a serialized executable; measured with jax 0.10.2 on this machine).
+Here a program is named before it is traced: the caller gives an `ident`, a string that determines the
+traced function completely (eager ops: the op, its static arguments, the precision and default dtype), and
+each call's executable is stored under a key made of
+
+- the ident, the compile variant (fast compile or XLA's full optimisation, xla_options.py) and its
+  compiler options;
+- the call's abstract arguments: shape, dtype, weak type, and the devices they are on;
+- the environment (`environment()`): Python, torch, JAX, jaxlib, torchax and numpy versions, the JAX backend
+  and its devices, JAX's trace-affecting configuration, XLA_FLAGS and hf-tpu's own environment variables,
+  and a digest of every hf_tpu source file (a lowering calls helpers anywhere in the package: any change to
+  it makes every entry a miss, which costs one cold run, never a wrong program).
+
+A hit deserializes the executable (jax.experimental.serialize_executable) and runs it: no tracing, no
+lowering. A miss traces, lowers and compiles as before, with JAX's persistent cache off for that one
+compile (an executable JAX loaded from its own cache serializes without its kernels: calling it after
+deserializing failed with "Function ..._kernel not found"), and saves the result. Entries are written
+atomically (a temporary file renamed), with a checksum; an entry that cannot be read, fails its checksum or
+fails to deserialize is skipped with a warning (a miss), and overwritten by the next save.
+
+Only callers that can vouch for their ident use it: op_jit's programs when the lowering table is the
+package's own (eager_functional: not under hooks.override_lowerings, whose replaced lowerings are not
+named by the ident), and only for idents made of stable values (`stable()`). HF_TPU_EXECUTABLE_CACHE=0
+turns it off; HF_TPU_DISABLE_DISK_CACHE=1 (no persistent cache at all) does too. Entries live in
+`executables/` under runtime.cache_dir() (JAX ignores subdirectories of its cache).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import functools
+import hashlib
+import os
+import pickle
+import tempfile
+import threading
+import warnings
+import weakref
+from collections.abc import Callable, Iterator
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from hf_tpu import program_bound, runtime
+
+FORMAT = 1  # bump when the entry layout or the key's meaning changes
+MAGIC = b"hf_tpu-executable-v1\n"
+_lock = threading.Lock()
+_stats = {"hits": 0, "misses": 0, "saved": 0, "unsaveable": 0, "corrupt": 0}
+_warned: set[str] = set()
+_programs: weakref.WeakSet[Program] = weakref.WeakSet()
+
+
+def enabled() -> bool:
+    return (os.environ.get("HF_TPU_EXECUTABLE_CACHE", "1") != "0"
+            and os.environ.get("HF_TPU_DISABLE_DISK_CACHE") != "1")
+
+
+def directory() -> Path:
+    return runtime.cache_dir() / "executables"
+
+
+def stats() -> dict[str, int]:
+    with _lock:
+        return dict(_stats)
+
+
+def reset_stats() -> None:
+    with _lock:
+        for k in _stats:
+            _stats[k] = 0
+
+
+def _bump(what: str) -> None:
+    with _lock:
+        _stats[what] += 1
+
+
+# ----------------------------------------------------------------------------------------------- keys
+class Unstable(Exception):
+    """A value whose text would not name the same thing in another process."""
+
+
+def stable(x: Any) -> str:
+    """A text for `x` that is equal in two processes exactly when `x` is: plain values, dtypes, ops and
+    containers of them. Raises Unstable for anything else (an object, an array, a function)."""
+    t = type(x)
+    if x is None or t in (bool, int, float, complex, str, bytes) or x is Ellipsis:
+        return f"{t.__name__}:{x!r}"  # repr round-trips floats exactly (and tells -0.0, nan)
+    if t in (tuple, list):
+        return f"{t.__name__}(" + ",".join(stable(v) for v in x) + ")"
+    if t is slice:
+        return f"slice({stable(x.start)},{stable(x.stop)},{stable(x.step)})"
+    if t is dict:
+        return "dict(" + ",".join(f"{stable(k)}={stable(v)}" for k, v in sorted(x.items(), key=lambda kv: repr(kv[0]))) + ")"
+    mod = t.__module__ or ""
+    if isinstance(x, enum.Enum):
+        return f"{mod}.{t.__qualname__}.{x.name}"
+    if mod.startswith("torch"):
+        # dtypes, memory formats, layouts, devices, ops: their str names them
+        if t.__name__ in ("dtype", "memory_format", "layout", "device", "OpOverload", "OpOverloadPacket"):
+            return f"{t.__name__}:{x}"
+    if t.__name__ == "dtype" and mod == "numpy":
+        return f"np.dtype:{x.str}:{x.name}"
+    if mod == "numpy" and hasattr(x, "dtype") and getattr(x, "shape", None) == ():  # a numpy scalar
+        return f"np:{x.dtype.name}:{x.item()!r}"
+    if isinstance(x, type) and (x.__module__ or "").split(".")[0] in ("numpy", "jax", "ml_dtypes"):
+        return f"type:{x.__module__}.{x.__qualname__}"  # jnp.float32 and the like, used as dtypes
+    raise Unstable(f"{t.__module__}.{t.__qualname__}")
+
+
+def _digest_sources(root: Path) -> str:
+    h = hashlib.sha256()
+    for f in sorted(root.rglob("*.py")):
+        h.update(f.relative_to(root).as_posix().encode())
+        try:
+            h.update(f.read_bytes())
+        except OSError:
+            pass
+    return h.hexdigest()
+
+
+def _env_vars() -> list[tuple[str, str]]:
+    """hf-tpu's, TorchTPU's, JAX's and XLA's variables that can change a program (not paths or timeouts)."""
+    out = []
+    for k, v in sorted(os.environ.items()):
+        if k == "XLA_FLAGS" or (k.startswith(("HF_TPU_", "TORCH_TPU_", "JAX_"))
+                                and not any(w in k for w in ("DIR", "CACHE", "SWEEP", "TIMEOUT"))):
+            out.append((k, v))
+    return out
+
+
+def _trace_config(jax: Any) -> str:
+    """JAX's configuration that its own jit cache keys on (config.trace_context), objects by type."""
+    from jax._src import config
+
+    parts = []
+    for v in config.trace_context():
+        r = repr(v)
+        parts.append(type(v).__qualname__ if " at 0x" in r else r)
+    return ",".join(parts)
+
+
+@functools.cache
+def environment() -> str:
+    """Digest of everything outside the key's ident that can change a compiled program (module docstring)."""
+    jax = runtime.jax()
+    versions = []
+    for pkg in ("torch", "jax", "jaxlib", "torchax", "numpy", "hf-tpu"):
+        try:
+            versions.append((pkg, metadata.version(pkg)))
+        except metadata.PackageNotFoundError:
+            versions.append((pkg, ""))
+    import sys
+
+    client = jax.devices()[0].client
+    parts = [
+        f"format={FORMAT}", f"python={sys.version}", repr(versions),
+        f"backend={client.platform}:{client.platform_version}:{[str(d) for d in jax.devices()]}",
+        f"config={_trace_config(jax)}", f"env={_env_vars()!r}",
+        f"hf_tpu={_digest_sources(Path(__file__).resolve().parent)}",
+    ]
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()
+
+
+def _arg_text(a: Any) -> str:
+    devices = sorted(d.id for d in a.sharding.device_set)
+    return f"{a.shape}:{a.dtype.name}:{int(a.weak_type)}:{devices}:{getattr(a.sharding, 'memory_kind', '')}"
+
+
+def entry_key(ident: str, variant: str, options: Any, args: tuple) -> str:
+    text = "\n".join([environment(), ident, variant, repr(sorted((options or {}).items())),
+                      ";".join(_arg_text(a) for a in args)])
+    return hashlib.sha256(text.encode()).hexdigest()[:40]
+
+
+# ----------------------------------------------------------------------------------------------- store
+def _path(key: str) -> Path:
+    return directory() / key[:2] / f"{key}.exe"
+
+
+def _warn(where: str, message: str) -> None:
+    if where in _warned:
+        return
+    _warned.add(where)
+    warnings.warn(f"hf_tpu executable cache: {message}", RuntimeWarning, stacklevel=4)
+
+
+def read(key: str) -> bytes | None:
+    """The payload saved under `key`, or None (absent; unreadable or corrupt: then with a warning)."""
+    path = _path(key)
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        _warn(str(path), f"cannot read {path} ({exc}); compiling instead")
+        _bump("corrupt")
+        return None
+    head = len(MAGIC) + 32
+    if len(data) < head or not data.startswith(MAGIC) or hashlib.sha256(data[head:]).digest() != data[len(MAGIC):head]:
+        _warn(str(path), f"ignoring corrupt entry {path} (checksum mismatch); compiling instead")
+        _bump("corrupt")
+        return None
+    return data[head:]
+
+
+def write(key: str, payload: bytes) -> bool:
+    path = _path(key)
+    data = MAGIC + hashlib.sha256(payload).digest() + payload
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            os.replace(tmp, path)  # atomic: a concurrent reader sees the old file or the new one
+        except BaseException:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+            raise
+        return True
+    except OSError as exc:  # a read-only or full directory costs speed, not correctness
+        _warn(str(path.parent), f"cannot write to {path.parent} ({exc}); not caching there")
+        return False
+
+
+# ----------------------------------------------------------------------------------------------- programs
+def _release_all() -> None:
+    for p in list(_programs):
+        p._exes.clear()
+
+
+program_bound.on_release.append(_release_all)  # the bound drops every executable: ours too
+
+
+class Program:
+    """Calls `variants[name](*arrays)` through the shared cache. `choose(args)` names the variant of a call
+    (xla_options' size rule); calls with anything but concrete arrays (tracers: a program traced inside
+    another) go to the fast variant's jitted function itself, as do calls with keyword arguments."""
+
+    def __init__(self, ident: str, variants: dict[str, tuple[Any, Any]], choose: Callable[[tuple], str]) -> None:
+        self.ident = ident
+        self.variants = variants  # name -> (jitted function, its compiler options)
+        self.choose = choose
+        self._exes: dict[tuple, Any] = {}
+        self._array_type = _array_type()
+        _programs.add(self)
+
+    def _cache_size(self) -> int:
+        return sum(j._cache_size() for j, _ in self.variants.values()) + len(self._exes)
+
+    def __getattr__(self, name: str) -> Any:
+        # `.fast` / `.full`, as on xla_options.jit's routed programs: the variant, counting its executables
+        variants = self.__dict__.get("variants", {})
+        if name in variants:
+            return _Variant(self, name)
+        raise AttributeError(name)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        array = self._array_type
+        if kwargs or any(type(a) is not array for a in args):
+            # traced inside another program, JAX takes compile options only at the top: the fast variant
+            # (xla_options._large); a keyword call only from code that never ran it through the cache
+            return self.variants["fast"][0](*args, **kwargs)
+        variant = self.choose(args)
+        sig = (variant, *[(a.aval, a.sharding) for a in args])
+        exe = self._exes.get(sig)
+        if exe is not None:
+            return exe(*args)
+        jitted, options = self.variants[variant]
+        key = entry_key(self.ident, variant, options, args)
+        exe = _load(key, self.ident, args)
+        if exe is not None:
+            try:
+                out = exe(*args)  # a saved executable can fail only now (a kernel missing from it)
+            except Exception as exc:  # noqa: BLE001 - unusable: a miss; a real error raises again below
+                _unusable(key, exc)
+            else:
+                self._exes[sig] = exe
+                return out
+        exe = self._exes[sig] = _compile_and_save(key, self.ident, jitted, args)
+        return exe(*args)
+
+
+@functools.cache
+def _array_type() -> type:
+    """JAX's concrete array type (not jax.Array, which tracers pass for; nor the type of an array made here,
+    which is a tracer when the first call comes inside another program's trace)."""
+    runtime.jax()
+    from jax._src.array import ArrayImpl
+
+    return ArrayImpl
+
+
+class _Variant:
+    """One variant of a Program: callable as its jitted function, `_cache_size()` counting the executables it
+    has in this process, the cache's and JAX's."""
+
+    def __init__(self, program: Program, name: str) -> None:
+        self.program, self.name = program, name
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.program.variants[self.name][0](*args, **kwargs)
+
+    def _cache_size(self) -> int:
+        return self.program.variants[self.name][0]._cache_size() + sum(
+            1 for sig in list(self.program._exes) if sig[0] == self.name)
+
+
+def _unusable(key: str, exc: BaseException) -> None:
+    _warn(key, f"ignoring unusable entry {_path(key)} ({type(exc).__name__}: {str(exc)[:200]}); compiling instead")
+    _bump("corrupt")
+
+
+def _load(key: str, ident: str, args: tuple) -> Any:
+    """The executable saved under `key`, or None (absent or unusable: then with a warning)."""
+    from jax.experimental import serialize_executable as se
+
+    payload = read(key)
+    if payload is None:
+        return None
+    try:
+        state = pickle.loads(payload)
+        if state.get("ident") != ident or state.get("format") != FORMAT:
+            raise ValueError("the entry names another program")
+        exe = se.deserialize_and_load(state["exe"], state["in_tree"], state["out_tree"])
+        if [(tuple(i.shape), i.dtype) for i in exe.in_avals[0]] != [(a.shape, a.dtype) for a in args]:
+            raise ValueError("the entry's executable takes other arguments")
+    except Exception as exc:  # noqa: BLE001 - an unusable entry is a miss, never an error
+        _unusable(key, exc)
+        return None
+    _bump("hits")
+    program_bound.note_executable()  # mapped like any other executable
+    return exe
+
+
+@contextlib.contextmanager
+def _without_jax_cache() -> Iterator[bool]:
+    """JAX's persistent cache unused within the block (yields whether that could be arranged). An executable
+    JAX loaded from its cache serializes without its kernels (calling it after deserializing failed with
+    "Function ..._kernel not found"), so what is saved here is compiled afresh. JAX reads its
+    `enable_compilation_cache` setting once per process, so the module's memo is what is switched; another
+    thread compiling meanwhile merely misses JAX's cache too."""
+    from jax._src import compilation_cache as cc
+
+    jax = runtime.jax()
+    if not hasattr(cc, "_cache_used") or not hasattr(cc, "is_cache_used"):
+        yield False
+        return
+    cc.is_cache_used(jax.devices()[0].client)  # initialised first, so the switch below is not undone
+    with _switch_lock:
+        before = cc._cache_used
+        cc._cache_used = False
+        try:
+            yield True
+        finally:
+            cc._cache_used = before
+
+
+_switch_lock = threading.RLock()  # re-entered if a trace ever compiles another program concretely
+_jax_cache_hits = [0]  # JAX's persistent-cache hits so far (a listener counts them)
+
+
+def _count_jax_hits(event: str, **_: Any) -> None:
+    if event == "/jax/compilation_cache/cache_hits":
+        _jax_cache_hits[0] += 1
+
+
+def _compile_and_save(key: str, ident: str, jitted: Any, args: tuple) -> Any:
+    from jax.experimental import serialize_executable as se
+
+    _bump("misses")
+    _listen()
+    lowered = jitted.lower(*args)  # traced with JAX's cache on: eager computations inside a trace use it
+    with _without_jax_cache() as fresh:
+        hits = _jax_cache_hits[0]
+        exe = lowered.compile()
+        if not fresh or _jax_cache_hits[0] != hits:  # possibly JAX's cached copy: usable, not saveable
+            _bump("unsaveable")
+            return exe
+    try:
+        blob, in_tree, out_tree = se.serialize(exe)
+        data = pickle.dumps({"format": FORMAT, "ident": ident, "exe": blob, "in_tree": in_tree,
+                             "out_tree": out_tree})
+    except Exception:  # noqa: BLE001 - usable here, just not saved (an output pytree that does not pickle)
+        _bump("unsaveable")
+        return exe
+    if write(key, data):
+        _bump("saved")
+    return exe
+
+
+@functools.cache
+def _listen() -> None:
+    runtime.jax().monitoring.register_event_listener(_count_jax_hits)

@@ -1,0 +1,117 @@
+"""The executable cache (hf_tpu/executable_cache.py): a process whose eager ops another process already ran
+loads their executables instead of tracing and lowering them, and never gets a program made for something
+else. Each case runs fresh processes (executable_cache_child.py) over its own cache directory; CPU PyTorch is
+the oracle."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+CHILD = Path(__file__).with_name("executable_cache_child.py")
+TOL = 1e-4  # precision "highest": float32 throughout
+
+
+def run(cache: Path, **env: str) -> dict:
+    full = {**os.environ, "HF_TPU_CACHE_DIR": str(cache), "HF_TPU_EXECUTABLE_CACHE": "1",
+            "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[2]), os.environ.get("PYTHONPATH", "")])}
+    full.pop("HF_TPU_DISABLE_DISK_CACHE", None)
+    full.update(env)
+    r = subprocess.run([sys.executable, str(CHILD)], capture_output=True, text=True, env=full, timeout=600)
+    assert r.returncode == 0, r.stderr[-4000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def entries(cache: Path) -> list[Path]:
+    return sorted((cache / "executables").glob("*/*.exe"))
+
+
+@pytest.fixture(scope="module")
+def warm(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
+    """A cache filled by one process, and that process's report."""
+    cache = tmp_path_factory.mktemp("exe") / "cache"
+    cold = run(cache)
+    assert cold["err"] < TOL
+    assert cold["traces"] > 0 and cold["stats"]["hits"] == 0
+    assert cold["stats"]["saved"] == cold["stats"]["misses"] > 0 == cold["stats"]["corrupt"]
+    assert len(entries(cache)) == cold["stats"]["saved"]
+    return cache, cold
+
+
+def copy(warm: tuple[Path, dict], tmp_path: Path) -> Path:
+    shutil.copytree(warm[0], tmp_path / "cache")
+    return tmp_path / "cache"
+
+
+def test_second_process_traces_and_compiles_nothing(warm: tuple[Path, dict], tmp_path: Path) -> None:
+    cache, cold = warm
+    again = run(copy(warm, tmp_path))
+    assert again["traces"] == 0, again  # no op program traced (nor lowered)
+    # the compiles left are JAX's own eager conversions (jit(convert_element_type): not op programs, and
+    # not in JAX's cache here, whose entries do not survive the directory's copy): none of the op programs
+    assert again["compiles"] <= cold["compiles"] - cold["traces"], again
+    assert again["stats"]["hits"] == cold["stats"]["saved"] and again["stats"]["misses"] == 0
+    assert again["bits"] == cold["bits"] and again["err"] < TOL  # the same programs, bit for bit
+
+
+def test_changed_precision_does_not_reuse(warm: tuple[Path, dict], tmp_path: Path) -> None:
+    cache = copy(warm, tmp_path)
+    high = run(cache, CHILD_PRECISION="high")
+    assert high["stats"]["hits"] == 0 and high["traces"] > 0
+    assert high["err"] > 1e-6  # bfloat16-rounded matmul operands: another program, and it shows
+    highest = run(cache)  # and the other way round: "highest" still gets its own
+    assert highest["bits"] == warm[1]["bits"] and highest["traces"] == 0
+
+
+def test_changed_xla_flag_does_not_reuse(warm: tuple[Path, dict], tmp_path: Path) -> None:
+    flags = (os.environ.get("XLA_FLAGS", "") + " --xla_cpu_enable_fast_math=false").strip()
+    other = run(copy(warm, tmp_path), XLA_FLAGS=flags)
+    assert other["stats"]["hits"] == 0 and other["traces"] > 0 and other["err"] < TOL
+
+
+def test_corrupt_entries_are_skipped_with_a_warning(warm: tuple[Path, dict], tmp_path: Path) -> None:
+    import hashlib
+
+    cache = copy(warm, tmp_path)
+    files = entries(cache)
+    assert len(files) >= 3
+    files[0].write_bytes(files[0].read_bytes()[: len(files[0].read_bytes()) // 2])  # truncated
+    data = bytearray(files[1].read_bytes())
+    data[-10] ^= 0xFF  # one flipped bit: checksum mismatch
+    files[1].write_bytes(bytes(data))
+    # a well-formed entry (magic, checksum) whose payload is not an executable
+    from hf_tpu import executable_cache
+
+    junk = b"not a pickle"
+    files[2].write_bytes(executable_cache.MAGIC + hashlib.sha256(junk).digest() + junk)
+    r = run(cache)
+    assert r["stats"]["corrupt"] == 3 and r["stats"]["misses"] == 3, r
+    assert r["err"] < TOL and r["bits"] == warm[1]["bits"]
+    assert len(r["warnings"]) == 3 and all("compiling instead" in w for w in r["warnings"])
+    again = run(cache)  # the three were saved again
+    assert again["stats"]["corrupt"] == 0 and again["traces"] == 0
+
+
+def test_replaced_lowering_is_never_served_from_the_cache(warm: tuple[Path, dict], tmp_path: Path) -> None:
+    faulty = run(copy(warm, tmp_path), CHILD_INJECT="1")
+    assert faulty["err"] > 0.1  # the fault shows: gelu's program was traced from the replaced lowering
+    assert faulty["stats"]["saved"] == 0  # and nothing traced under a replaced lowering is shared
+
+
+def test_stable_texts() -> None:
+    import torch
+
+    from hf_tpu.executable_cache import Unstable, stable
+
+    assert len({stable(v) for v in (1, 1.0, True, -0.0, 0.0, "1", None)}) == 7
+    assert stable((1, [2.5, torch.float32], torch.ops.aten.add.Tensor)) == stable((1, [2.5, torch.float32],
+                                                                                   torch.ops.aten.add.Tensor))
+    for bad in (object(), lambda x: x, torch.ones(2), [1, object()]):
+        with pytest.raises(Unstable):
+            stable(bad)
