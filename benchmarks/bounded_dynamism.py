@@ -10,6 +10,13 @@ length, the XLA compilations over the 64 lengths (the ideal is 2: length 1, whic
 specialises, and the one bucket [2, 64]), and whether the graph was padded or kept static shapes (the op
 that kept it static is logged). Rows go to a JSON-lines file as they finish, so a long run can be resumed.
 
+A row that errors records the length it failed at (`error_at`) and, in `cpu_eager`, the same loop up to that
+length on CPU with `backend="eager"` in a child process without hf_tpu. The summary counts an error as the
+model's own only when that run fails with the same error class at the same length (e.g. Mamba-style
+chunking specialises the length, so Dynamo raises ConstraintViolationError for the marked dimension on any
+backend: TorchTPU 0.2.0's backend also only sees graphs after Dynamo, so it raises the same); an error that
+CPU eager does not have is hf-tpu's.
+
     python benchmarks/bounded_dynamism.py --zoo smoke
     python benchmarks/bounded_dynamism.py --zoo full --out reports/bounded/full.jsonl   # every causal LM
     python benchmarks/bounded_dynamism.py --out reports/bounded/full.jsonl --summary reports/bounded/summary.txt
@@ -44,6 +51,22 @@ class _Reasons(logging.Handler):
         self.seen.append(record.getMessage())
 
 
+def _ids(entry: Any, model: Any, max_len: int, batch: int) -> tuple[torch.Tensor, int]:
+    """The token ids of every length (sliced per length) and the longest length. MusicGen decoders read
+    one row of audio codes per codebook, (batch * num_codebooks, length), as the zoo feeds them
+    (harness/zoo/override_inputs.py): `batch` rows would not reshape to their (batch, codebooks, length)."""
+    from harness.zoo.override_inputs import _codebook_rows
+    from harness.zoo.overrides import rule_for
+
+    config = model.config
+    vocab = int(getattr(config, "vocab_size", 0) or getattr(config.get_text_config(), "vocab_size", 0))
+    limit = min(max_len, int(getattr(config, "max_position_embeddings", max_len) or max_len))
+    rows = batch
+    if rule_for(entry.model_type).inputs is _codebook_rows:  # the family's type, as the zoo looks it up
+        rows *= int((getattr(config, "decoder", None) or config).num_codebooks)
+    return torch.randint(0, vocab, (rows, limit), generator=torch.Generator().manual_seed(0)), limit
+
+
 def run_model(entry: Any, max_len: int, batch: int) -> dict[str, Any]:
     from hf_tpu import compile as C
     from hf_tpu.precision import cpu_reference
@@ -56,9 +79,7 @@ def run_model(entry: Any, max_len: int, batch: int) -> dict[str, Any]:
         return {**row, "status": "build_error", "error": f"{type(exc).__name__}: {exc}"[:300]}
     model = built.model.eval()
     row["build_s"] = round(time.time() - start, 1)
-    vocab = int(getattr(model.config, "vocab_size", 0) or getattr(model.config.get_text_config(), "vocab_size", 0))
-    limit = min(max_len, int(getattr(model.config, "max_position_embeddings", max_len) or max_len))
-    ids_all = torch.randint(0, vocab, (batch, limit), generator=torch.Generator().manual_seed(0))
+    ids_all, limit = _ids(entry, model, max_len, batch)
     cpu_model = copy.deepcopy(model)
     tpu_model = model.to("tpu")
     torch._dynamo.reset()
@@ -69,6 +90,7 @@ def run_model(entry: Any, max_len: int, batch: int) -> dict[str, Any]:
     worst, wrong_at = 0.0, []
     # where the time goes: the first two calls trace and compile (length 1, then the bucket), the rest run
     cpu_s, call_s = 0.0, []
+    n = 0
     try:
         for n in range(1, limit + 1):
             ids = ids_all[:, :n]
@@ -88,7 +110,7 @@ def run_model(entry: Any, max_len: int, batch: int) -> dict[str, Any]:
             if got.shape != want.shape or not torch.allclose(got, want, rtol=1e-4, atol=1e-4):
                 wrong_at.append(n)
     except Exception as exc:  # noqa: BLE001
-        row.update(status="error", error=f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300])
+        row.update(status="error", error=_error(exc), error_at=n)
     finally:
         logging.getLogger("hf_tpu.bounded").removeHandler(reasons)
     st = C.stats()
@@ -99,7 +121,57 @@ def run_model(entry: Any, max_len: int, batch: int) -> dict[str, Any]:
                seconds=round(time.time() - start, 1), cpu_ref_s=round(cpu_s, 1),
                first_calls_s=round(sum(call_s[:2]), 1), other_calls_s=round(sum(call_s[2:]), 1),
                aot_s=round(st.get("aot_s", 0.0), 1), xla_s=round(st.get("xla_s", 0.0), 1))
+    if row["status"] == "error":
+        row["cpu_eager"] = cpu_eager_check(entry.id, row["error_at"], max_len, batch)
     return row
+
+
+def _error(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]
+
+
+def _cpu_eager_loop(entry_id: str, upto: int, max_len: int, batch: int) -> dict[str, Any]:
+    """The benchmark's loop up to length `upto` on CPU with Dynamo's "eager" backend (Dynamo traces and
+    guards as for `tpu`, but the graph runs as plain PyTorch), in a process where hf_tpu is not loaded."""
+    from harness.zoo import load_zoo, select
+
+    torch.set_float32_matmul_precision("highest")
+    entry = next(e for e in select(load_zoo("full"), task="causal-lm") if e.id == entry_id)
+    model = entry.build(seed=0).model.eval()
+    ids_all, limit = _ids(entry, model, max_len, batch)
+    compiled = torch.compile(model, backend="eager")
+    out: dict[str, Any] = {"backend": "eager", "device": "cpu", "hf_tpu_loaded": "hf_tpu" in sys.modules}
+    n = 0
+    try:
+        for n in range(1, min(upto, limit) + 1):
+            x = ids_all[:, :n].clone()
+            if n >= 2:
+                torch._dynamo.mark_dynamic(x, 1, min=2, max=limit)
+            with torch.no_grad():
+                compiled(input_ids=x)
+        out.update(status="ran", lengths=n)
+    except Exception as exc:  # noqa: BLE001 - the error is the finding
+        out.update(status="error", error=_error(exc), error_at=n)
+    return out
+
+
+def cpu_eager_check(entry_id: str, upto: int, max_len: int, batch: int) -> dict[str, Any]:
+    """Whether an error on `tpu` is the model's own: the same loop on CPU with backend="eager" in a child
+    process without hf_tpu (TORCH_DEVICE_BACKEND_AUTOLOAD=0, so `import torch` does not load it)."""
+    import subprocess
+
+    env = {**os.environ, "TORCH_DEVICE_BACKEND_AUTOLOAD": "0", "HF_HUB_OFFLINE": "1"}
+    cmd = [sys.executable, os.path.abspath(__file__), "--cpu-eager-check", entry_id, "--upto", str(upto),
+           "--max-len", str(max_len), "--batch", str(batch)]
+    try:
+        res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1800)
+    except subprocess.TimeoutExpired:
+        return {"backend": "eager", "device": "cpu", "status": "check_failed", "error": "timed out after 1800 s"}
+    lines = [ln for ln in res.stdout.splitlines() if ln.startswith("{")]
+    if res.returncode != 0 or not lines:
+        return {"backend": "eager", "device": "cpu", "status": "check_failed",
+                "error": (res.stderr.strip().splitlines() or [f"exit {res.returncode}"])[-1][:300]}
+    return json.loads(lines[-1])
 
 
 def _op(reason: str) -> str:
@@ -108,27 +180,66 @@ def _op(reason: str) -> str:
     return reason.split(" (", 1)[0].rstrip(")")
 
 
+def _cls(error: str | None) -> str:
+    return (error or "").split(":")[0]
+
+
+def error_kind(row: dict[str, Any]) -> str:
+    """Whose an error row's error is, from the CPU backend="eager" run recorded in the row: "model" when
+    that run (hf_tpu not loaded) fails with the same class at the same length, "hf-tpu" when it runs, and
+    "unchecked" otherwise (no check, or the check itself failed, or a different error)."""
+    check = row.get("cpu_eager") or {}
+    if check.get("status") == "ran":
+        return "hf-tpu"
+    if (check.get("status") == "error" and _cls(check.get("error")) == _cls(row.get("error"))
+            and check.get("error_at") == row.get("error_at")):
+        return "model"
+    return "unchecked"
+
+
+def _model_reason(row: dict[str, Any]) -> str:
+    err = row.get("error") or ""
+    if err.startswith("ConstraintViolationError") and "size()[1]" in err:
+        return "model specializes the length (same on CPU with backend=eager)"
+    return f"{_cls(err)} (same on CPU with backend=eager: the model with these inputs)"
+
+
 def summary(rows: list[dict[str, Any]]) -> str:
     built = [r for r in rows if r["status"] != "build_error"]
     correct = [r for r in built if r["status"] == "correct"]
     padded = [r for r in correct if r.get("padded_graphs", 0) and not r.get("static_graphs", 0)]
     comps = [r["compilations"] for r in correct]
+    errors = [r for r in built if r["status"] == "error"]
+    kinds = {k: [r for r in errors if error_kind(r) == k] for k in ("model", "hf-tpu", "unchecked")}
+    runnable = len(built) - len(kinds["model"])
     lines = [f"{len(rows)} causal LMs, {len(built)} built: {len(correct)} correct at every length "
              f"({100 * len(correct) / max(len(built), 1):.1f}%), {len(padded)} of them with every graph padded; "
-             f"wrong {sum(r['status'] == 'wrong' for r in built)}, errors {sum(r['status'] == 'error' for r in built)}",
+             f"wrong {sum(r['status'] == 'wrong' for r in built)}, errors {len(errors)}",
+             f"errors: {len(kinds['model'])} the model's own (the same error at the same length on CPU with "
+             f"backend=eager, hf_tpu not loaded: recorded per row), {len(kinds['hf-tpu'])} hf-tpu's (CPU "
+             f"backend=eager runs), {len(kinds['unchecked'])} not checked; correct: "
+             f"{100 * len(correct) / max(runnable, 1):.1f}% of the {runnable} built models whose CPU "
+             "backend=eager run does not fail",
              f"compilations over the lengths (correct models): "
              + ", ".join(f"{c}: {n}" for c, n in sorted(collections.Counter(comps).items()))
              + (f" (median {statistics.median(comps)})" if comps else "")]
     static = collections.Counter(_op(r["static_reason"]) for r in correct if r.get("static_graphs"))
     lines += ["static fallbacks (correct models) by the first op without a rule:"]
     lines += [f"  {n} {op}" for op, n in static.most_common()]
-    errors = collections.Counter((r.get("error") or "").split(":")[0] for r in built if r["status"] == "error")
-    lines += ["errors by class: " + ", ".join(f"{k} {n}" for k, n in errors.most_common())]
+    lines += ["errors, the model's own:"]
+    lines += [f"  {n} {why}" for why, n in collections.Counter(map(_model_reason, kinds["model"])).most_common()]
+    for kind, title in (("hf-tpu", "errors, hf-tpu's"), ("unchecked", "errors, not checked on CPU")):
+        lines += [f"{title}: " + ", ".join(f"{k} {n}" for k, n in
+                                            collections.Counter(_cls(r.get("error")) for r in kinds[kind]).most_common())]
     breaks = [r for r in correct if r.get("graph_breaks") and not r.get("static_graphs")]
     lines += [f"graph breaks (correct, every graph padded or static for another reason): {len(breaks)}"]
     for r in rows:
         if r in breaks:
             lines.append(f"  {r['id']}: {r['graph_breaks']} graph breaks, {r['compilations']} compilations")
+        elif r["status"] == "error":
+            kind = error_kind(r)
+            label = {"model": "error (model's own)", "hf-tpu": "error (hf-tpu)", "unchecked": "error (unchecked)"}
+            lines.append(f"  {r['id']}: {label[kind]} at length {r.get('error_at', '?')}: {r.get('error')}")
         elif r["status"] != "correct" or r.get("static_graphs"):
             lines.append(f"  {r['id']}: {r['status']} {r.get('error') or _op(r.get('static_reason') or '') or r.get('wrong_at')}")
     return "\n".join(lines)
@@ -145,7 +256,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--shard", default="", help="i/n: only the i-th of n interleaved shares (1-based)")
     p.add_argument("--out", default="", help="JSON-lines file: rows already there are kept, not rerun")
     p.add_argument("--summary", default="", help="only write the summary of every row in --out to this file")
+    p.add_argument("--cpu-eager-check", default="", help=argparse.SUPPRESS)  # the child of cpu_eager_check
+    p.add_argument("--upto", type=int, default=0, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    if args.cpu_eager_check:
+        print(json.dumps(_cpu_eager_loop(args.cpu_eager_check, args.upto, args.max_len, args.batch)), flush=True)
+        return 0
     if args.summary:
         text = summary([json.loads(line) for line in Path(args.out).read_text().splitlines() if line.strip()])
         Path(args.summary).write_text(text + "\n")

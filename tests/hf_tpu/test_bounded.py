@@ -261,3 +261,61 @@ def test_an_empty_slice_keeps_the_padded_length(highest) -> None:
         xt = x.to("tpu")
         torch._dynamo.mark_dynamic(xt, 1, min=2, max=16)
         torch.testing.assert_close(compiled(xt).cpu(), rotary_split(x))
+
+
+def test_a_program_that_specializes_the_marked_length_raises_as_dynamo_does_on_cpu() -> None:
+    # Mamba-style chunking: the pad to a multiple of the chunk makes Dynamo guard the length modulo 4, which
+    # violates the marked dimension's constraint. Dynamo raises that for every backend before any backend
+    # compiles (TorchTPU 0.2.0's too), so `tpu` must raise the same error, not hide it
+    def chunked(x):
+        n = x.shape[1]
+        y = torch.nn.functional.pad(x, (0, (4 - n % 4) % 4)).reshape(x.shape[0], -1, 4).cumsum(-1)
+        return y.reshape(x.shape[0], -1)[:, :n]
+
+    raised = {}
+    for backend, device in (("eager", "cpu"), ("tpu", "tpu")):
+        torch._dynamo.reset()
+        compiled = torch.compile(chunked, backend=backend)
+        x1 = torch.randn(2, 1)
+        torch.testing.assert_close(compiled(x1.to(device)).cpu(), chunked(x1))
+        x = torch.randn(2, 5).to(device)
+        torch._dynamo.mark_dynamic(x, 1, min=2, max=64)
+        with pytest.raises(Exception) as info:
+            compiled(x)
+        raised[backend] = (type(info.value).__name__, str(info.value).splitlines()[0])
+    assert raised["tpu"] == raised["eager"], raised
+    assert raised["tpu"][0] == "ConstraintViolationError" and "size()[1]" in raised["tpu"][1], raised
+
+
+def _benchmark():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "bounded_dynamism.py"
+    spec = importlib.util.spec_from_file_location("bounded_dynamism_bench", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_summary_counts_an_error_as_the_models_only_when_cpu_eager_fails_alike() -> None:
+    bench = _benchmark()
+    cve = "ConstraintViolationError: Constraints violated (L['kwargs']['input_ids'].size()[1])! For more"
+    same = {"status": "error", "error": cve, "error_at": 2}
+    rows = [
+        {"id": "a", "status": "correct", "compilations": 2, "padded_graphs": 2},
+        {"id": "spec", **same, "cpu_eager": {"status": "error", "error": cve, "error_at": 2}},
+        {"id": "ours", **same, "cpu_eager": {"status": "ran", "lengths": 2}},
+        {"id": "elsewhere", **same, "cpu_eager": {"status": "error", "error": cve, "error_at": 3}},
+        {"id": "other_class", **same, "cpu_eager": {"status": "error", "error": "NameError: x", "error_at": 2}},
+        {"id": "old_row", **same},
+    ]
+    kinds = {r["id"]: bench.error_kind(r) for r in rows[1:]}
+    assert kinds == {"spec": "model", "ours": "hf-tpu", "elsewhere": "unchecked", "other_class": "unchecked",
+                     "old_row": "unchecked"}
+    text = bench.summary(rows)
+    assert "errors: 1 the model's own" in text and "1 hf-tpu's" in text and "3 not checked" in text, text
+    assert "1 model specializes the length (same on CPU with backend=eager)" in text, text
+    assert "  spec: error (model's own) at length 2" in text and "  ours: error (hf-tpu)" in text, text
+    # 6 built, 1 the model's own error: the share among the other 5
+    assert "20.0% of the 5 built models whose CPU backend=eager run does not fail" in text, text
