@@ -9,7 +9,14 @@ times. It reports the median steady-state forward time and the process's peak RS
 forwards included). Rounds alternate CPU and tpu so that a busy machine slows both alike; the printed
 ratios are the median over rounds, with their spread (min-max). The "paired" line times CPU, tpu (and
 fused) forwards alternately in one process, pair by pair, which is steadier on a shared machine. Precision is "highest", so the tpu and
-CPU do the same arithmetic. Targets (issue: the device at real size):
+CPU do the same arithmetic.
+
+With `--cpu-seconds` the paired ratios are of CPU-seconds (the process's user+sys time per forward, all
+threads) instead of wall time: on a loaded machine wall time measures the load, CPU-seconds the work. The
+paired process then runs with OMP_WAIT_POLICY=PASSIVE: PyTorch's OpenMP threads otherwise spin after each
+parallel region (libgomp's default), which costs nothing on an idle core but counts as CPU-seconds, and on a
+busy machine inflated CPU eager's CPU-seconds up to ~25x for a tiny Llama's matmuls (3.3 CPU-ms per forward
+passive, 218 spinning, measured this session); it changes no result. Targets (issue: the device at real size):
 
   GPT-2 124M (default GPT2Config, 1 x 64 tokens)        time tpu/CPU <= 1.5, peak RSS tpu/CPU <= 1.3
   Qwen3-0.6B widths, 2 layers (187M params, 1 x 64)     peak RSS tpu/CPU <= 1.3
@@ -91,10 +98,11 @@ comp = torch.compile(tpu, backend="tpu") if compiled else None
 ids = torch.randint(0, cpu.config.vocab_size, (1, seq))
 ids_t = ids.to("tpu")
 ratios, fratios, cratios = [], [], []
+clock = time.process_time if os.environ.get("EAGER_BENCH_CPU_SECONDS") == "1" else time.perf_counter
 def fwd(m, x):
-    t = time.perf_counter()
+    t = clock()
     m(x, use_cache=False).logits.cpu()
-    return time.perf_counter() - t
+    return clock() - t
 with torch.no_grad():
     for i in range(repeats + 2):
         c, t = fwd(cpu, ids), fwd(tpu, ids_t)
@@ -116,11 +124,16 @@ print(json.dumps({"tpu_cpu": statistics.median(ratios),
 """
 
 
-def run_paired(model: str, repeats: int, threads: int, fused: bool, compiled: bool = False) -> dict[str, float]:
+def run_paired(model: str, repeats: int, threads: int, fused: bool, compiled: bool = False,
+               cpu_seconds: bool = False) -> dict[str, float]:
+    """Per-pair ratios of the alternating process; of CPU-seconds (OpenMP threads passive) with cpu_seconds."""
     cfg, cls, kwargs, seq = MODELS[model]
+    env = {**os.environ, "TORCH_TPU_DEFER_AND_FUSE": "0"}
+    if cpu_seconds:
+        env.update(EAGER_BENCH_CPU_SECONDS="1", OMP_WAIT_POLICY="PASSIVE")
     r = subprocess.run([sys.executable, "-c", PAIRED,
                         json.dumps([cfg, cls, kwargs, seq, threads, repeats, fused, compiled])],
-                       capture_output=True, text=True, env={**os.environ, "TORCH_TPU_DEFER_AND_FUSE": "0"})
+                       capture_output=True, text=True, env=env)
     if r.returncode:
         raise SystemExit(f"{model} paired run failed:\n{r.stderr[-3000:]}")
     return json.loads(r.stdout.strip().splitlines()[-1])
@@ -151,6 +164,8 @@ def main() -> None:
     ap.add_argument("--fused", action="store_true", help="also run fused eager mode")
     ap.add_argument("--compiled", action="store_true", help="also run torch.compile(backend='tpu')")
     ap.add_argument("--train", action="store_true", help="also time training steps (finetune_step.py)")
+    ap.add_argument("--cpu-seconds", action="store_true",
+                    help="paired ratios of CPU-seconds per forward (OpenMP passive) instead of wall time")
     ap.add_argument("--train-steps", type=int, default=3)
     ap.add_argument("--threads", type=int, default=0,
                     help="torch.set_num_threads in every process (0: PyTorch's default). On a busy machine "
@@ -163,7 +178,8 @@ def main() -> None:
         fused_rows: list[tuple[float, float, float, float]] = []
         paired: list[dict[str, float]] = []
         for _ in range(args.rounds):
-            paired.append(run_paired(model, max(args.repeats, 10), args.threads, args.fused, args.compiled))
+            paired.append(run_paired(model, max(args.repeats, 10), args.threads, args.fused, args.compiled,
+                                     args.cpu_seconds))
             c = run_one(model, "cpu", args.repeats, args.threads)
             t = run_one(model, "tpu", args.repeats, args.threads)
             summary.setdefault((model, "forward", "cpu"), []).append((c["steady_s"], c["peak_rss_gb"]))
@@ -187,7 +203,8 @@ def main() -> None:
               f"  strict/fused {spread([p['strict_fused'] for p in paired])}  fused/cpu "
               f"{spread([p['fused_cpu'] for p in paired])}" if args.fused else "") + (
               f"  compiled/cpu {spread([p['compiled_cpu'] for p in paired])}" if args.compiled else "")
-              + "  (alternating forwards, one process)")
+              + ("  (alternating forwards, one process, CPU-seconds, OpenMP passive)" if args.cpu_seconds
+                 else "  (alternating forwards, one process)"))
         print(f"{'':11s} peak GB    cpu {spread(cpu_gb)}  tpu {spread(tpu_gb)}  tpu/cpu {spread(m_ratio)}",
               flush=True)
         if fused_rows:
