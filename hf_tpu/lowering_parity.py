@@ -295,6 +295,8 @@ def opmath(fn: Callable[..., Any], pointwise: Any = None) -> Callable[..., Any]:
     PyTorch wraps it in a tensor of the common dtype (measured: x + 0.1 in float16 off CPU by an ulp otherwise)."""
     tensor_params = () if pointwise is None else tuple(
         (i, a.name) for i, a in enumerate(pointwise.arguments) if isinstance(a.type, torch.TensorType))
+    unrounded_other = pointwise is not None and (pointwise.name, pointwise.overload_name) in (
+        ("aten::mul", "Tensor"), ("aten::div", "Tensor"))
 
     @functools.wraps(fn)
     def wrapped(*args: Any, **kwargs: Any) -> Any:
@@ -321,10 +323,15 @@ def opmath(fn: Callable[..., Any], pointwise: Any = None) -> Callable[..., Any]:
         if tensor_params:
             import numpy as np
 
-            def rounded(v: Any) -> Any:
-                return float(np.asarray(v, dtype=half)) if isinstance(v, float) else v
+            def rounded(v: Any, to: Any = half) -> Any:
+                return float(np.asarray(v, dtype=to)) if isinstance(v, float) else v
 
-            args = tuple(rounded(a) if any(i == j for j, _ in tensor_params) else a for i, a in enumerate(args))
+            # ...except mul's and div's second operand: CPU's reduced-float kernels for a scalar `other` take
+            # its original value in float32 (iter.original_scalar_value<opmath_t>), so x * 0.7 in float16
+            # multiplies by 0.7f (rounding 0.7 to float16 first put 421 of 1000 elements 1 ulp off)
+            keep = unrounded_other
+            args = tuple(rounded(a, np.float32) if i == 1 and keep else
+                         rounded(a) if any(i == j for j, _ in tensor_params) else a for i, a in enumerate(args))
             kwargs = {k: rounded(v) if any(k == n for _, n in tensor_params) else v for k, v in kwargs.items()}
         args, kwargs = pytree.tree_map(up, (args, kwargs))
         return pytree.tree_map(down, fn(*args, **kwargs))
@@ -344,6 +351,10 @@ OPMATH = op_registry.mark("opmath", {
     aten.avg_pool2d.default, aten.avg_pool3d.default,
     # CPU's softmax kernels: max, sum of exponentials and the result in float32, rounded once
     aten._softmax.default, aten._softmax_backward_data.default, aten._log_softmax_backward_data.default,
+    # CPU's kernels evaluate self + value * t1 * t2 (or / t2) in float32 and round once; a graph decomposed them
+    # into half-typed mul/div/add with the scalar value rounded to the half type (addcmul f16: 995 of 1000
+    # elements off, compiled only). As OPMATH ops they have a lowering, so graphs keep them whole too.
+    aten.addcmul.default, aten.addcdiv.default,
 })
 
 

@@ -95,3 +95,36 @@ def test_acos_half_backward_compiled() -> None:
     on_tpu = x.to("tpu").requires_grad_()
     _compiled(torch.acos)(on_tpu).backward(grad.to("tpu"))
     _bits_equal(leaf.grad, on_tpu.grad)
+
+
+def _addcdiv(x: torch.Tensor, t1: torch.Tensor, t2: torch.Tensor) -> torch.Tensor:
+    return torch.addcdiv(x, t1, t2, value=0.7)
+
+
+def _written_out(x: torch.Tensor, t1: torch.Tensor, t2: torch.Tensor) -> torch.Tensor:
+    return x + (t1 / t2) * 0.7
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_addcdiv_half_compiled_rounds_once(dtype) -> None:
+    """Dynamo traces addcdiv(value=v) as div, mul, add (three half roundings); CPU rounds once. The same
+    arithmetic written out by the user is three ops on CPU too, and stays so."""
+    torch.manual_seed(0)
+    x, t1 = torch.randn(1000).to(dtype), torch.randn(1000).to(dtype)
+    t2 = (torch.rand(1000) + 0.5).to(dtype)
+    on_tpu = [v.to("tpu") for v in (x, t1, t2)]
+    _bits_equal(_addcdiv(x, t1, t2), _compiled(_addcdiv)(*on_tpu))
+    _bits_equal(_addcdiv(x, t1, t2), _addcdiv(*on_tpu))
+    _bits_equal(_written_out(x, t1, t2), _compiled(_written_out)(*on_tpu))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_times_python_float_uses_its_float32_value(dtype) -> None:
+    """CPU's reduced-float mul and div take a scalar second operand at its float32 value; rounding it to the
+    half type first (as add's wrapped scalar is) put 35-50% of the elements of x * 0.1 and x / 0.7 1 ulp off,
+    eager and compiled."""
+    torch.manual_seed(0)
+    x = torch.randn(2000).to(dtype)
+    for fn in (lambda t: t * 0.1, lambda t: t / 0.7, lambda t: 0.7 / t, lambda t: t + 0.1, lambda t: t * 3):
+        _bits_equal(fn(x), fn(x.to("tpu")))
+        _bits_equal(fn(x), _compiled(fn)(x.to("tpu")))
