@@ -418,6 +418,57 @@ def _gru_cell_backward_meta(grad_hy: torch.Tensor, workspace: torch.Tensor, has_
     return (*gates, grad_hy.new_empty((3 * h,)), grad_hy.new_empty((3 * h,)))
 
 
+_BATCH_NORMS = ("native_batch_norm.default", "_native_batch_norm_legit.default", "_native_batch_norm_legit.no_stats",
+                "_native_batch_norm_legit_functional.default", "_native_batch_norm_legit_no_training.default")
+
+
+def _cpu_batch_norm_statistics(decomposition: Callable[..., Any]) -> Callable[..., Any]:
+    """Batch norm's fake-tensor rule for tpu: the saved statistics (outputs 1 and 2) as CPU's kernel, and the
+    eager lowering (lowering_parity._batch_norm_train), make them. Fake tensors run PyTorch's decomposition,
+    which gives CPU's dtypes only when `input.device.type == "cpu"`: float32 statistics for a half input on
+    any other device, and in eval mode the running statistics where CPU returns empty ones. A compiled half
+    batch norm then failed ("Cannot cast array data from float16 to float32") or gave float32 statistics.
+    The wrapper keeps the decomposition's name and module, so fake tensors still take it as PyTorch's own
+    (torch_decomp_decompositions) and other devices see no change."""
+
+    @functools.wraps(decomposition)
+    def rule(*args: Any, **kwargs: Any) -> Any:
+        out = decomposition(*args, **kwargs)
+        x = args[0] if args else kwargs.get("input")
+        if not (isinstance(x, torch.Tensor) and x.device.type == "tpu"):
+            return out
+        name = rule.__dict__["_op_name"]
+        if name.endswith("no_training"):
+            training = False
+        elif name.endswith("no_stats"):
+            training = True
+        else:
+            training = bool(args[5] if len(args) > 5 else kwargs.get("training"))
+        params = [p for p in args[1:5] if isinstance(p, torch.Tensor)]
+        keep = torch.float32 if x.dtype in _HALF and any(p.dtype == torch.float32 for p in params) else x.dtype
+        if not training and not name.endswith("no_stats"):
+            stats = [x.new_empty((0,), dtype=keep), x.new_empty((0,), dtype=keep)]
+        else:
+            stats = [out[1].to(keep), out[2].to(keep)]
+        return (out[0], *stats, *out[3:])
+
+    return rule
+
+
+def _register_batch_norm_rules() -> None:
+    from torch._decomp import decomposition_table
+
+    for name in _BATCH_NORMS:
+        packet, _, overload = name.partition(".")
+        op = getattr(getattr(torch.ops.aten, packet), overload)
+        fn = decomposition_table.get(op)
+        if fn is None or getattr(fn, "_op_name", None):
+            continue
+        rule = _cpu_batch_norm_statistics(fn)
+        rule._op_name = name  # type: ignore[attr-defined]
+        decomposition_table[op] = rule
+
+
 _META_LIB: Any = None
 
 
@@ -425,6 +476,7 @@ def _register_fake_rules() -> None:
     global _META_LIB
     from torch._subclasses import fake_impls
 
+    _register_batch_norm_rules()
     op = torch.ops.aten._grouped_mm.default
     if op not in fake_impls.op_implementations_dict:
         fake_impls.register_op_impl(op)(_grouped_mm_fake)

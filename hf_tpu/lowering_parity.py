@@ -146,10 +146,12 @@ def _bn_transform(x: Any, weight: Any, bias: Any, mean: Any, invstd: Any) -> Any
 
 
 def _batch_norm_eval(x: Any, weight: Any, bias: Any, mean: Any, var: Any, eps: float) -> tuple[Any, Any, Any]:
-    """Inference batch norm (running statistics); the saved statistics are empty, as CPU returns them."""
+    """Inference batch norm (running statistics); the saved statistics are empty, as CPU returns them: in the
+    parameters' dtype (float32 for a half input with float32 parameters, as in training)."""
     jnp = _jax().numpy
     invstd = 1 / jnp.sqrt(var.astype(jnp.float32) + eps)
-    empty = jnp.zeros((0,), x.dtype)
+    mixed = any(p is not None and p.dtype == jnp.float32 for p in (weight, bias, mean, var))
+    empty = jnp.zeros((0,), jnp.float32 if mixed and x.dtype in (jnp.float16, jnp.bfloat16) else x.dtype)
     return _bn_transform(x, weight, bias, mean, invstd), empty, empty
 
 
