@@ -16,7 +16,7 @@ from torch.utils import _pytree as pytree
 
 from hf_tpu import (backward_lowerings, counters, dtypes, float8, fused, lowering, op_registry, precision, rng,
                     xla_options)
-from hf_tpu import host_copy
+from hf_tpu import graph_parity, host_copy
 from hf_tpu import tensor as T
 from hf_tpu.op_registry import lowers
 from hf_tpu.torchax_compat import load_op_table
@@ -131,44 +131,12 @@ def _promoted(fn: Callable[..., Any], want: Any) -> Callable[..., Any]:
     return lambda *a, **k: fn(*pytree.tree_map(cast, a), **pytree.tree_map(cast, k))
 
 
-_HALF = (torch.float16, torch.bfloat16)
-
-
-def _refuse_dynamos_addcdiv(gm: torch.fx.GraphModule) -> None:
-    """Put back the addcdiv Dynamo took apart. Dynamo traces `torch.addcdiv(x, t1, t2, value=v)` as
-    x + (t1 / t2) * v (torch/_dynamo/variables/torch.py, handle_addcdiv), which in float16/bfloat16 rounds
-    three times, while CPU's (and eager tpu's) addcdiv computes in float32 and rounds once (363 of 1000
-    float16 elements 1 ulp off, compiled only). The three nodes are recognised by their shape and by the
-    source line Dynamo records on them naming addcdiv, so the same arithmetic written out by the user keeps
-    its three roundings."""
-    aten = torch.ops.aten
-    for add in list(gm.graph.nodes):
-        if add.target is not aten.add.Tensor or len(add.args) != 2 or add.kwargs:
-            continue
-        x, mul = add.args
-        if not (isinstance(mul, torch.fx.Node) and mul.target is aten.mul.Tensor and len(mul.users) == 1):
-            continue
-        div, value = mul.args
-        if not (isinstance(div, torch.fx.Node) and div.target is aten.div.Tensor and len(div.users) == 1
-                and isinstance(value, (int, float)) and not div.kwargs):
-            continue
-        val = add.meta.get("val")
-        if not (isinstance(val, torch.Tensor) and val.dtype in _HALF):
-            continue
-        frame = (add.meta.get("stack_trace") or "").rpartition('File "')[2]  # the innermost frame's lines
-        if "addcdiv" not in frame.partition("\n")[2]:  # its source line, not the file or function name
-            continue
-        add.target, add.args, add.kwargs = aten.addcdiv.default, (x, *div.args), {"value": value}
-        gm.graph.erase_node(mul)
-        gm.graph.erase_node(div)
-
-
 def to_jax_function(gm: torch.fx.GraphModule,
                     wrap_node: Callable[[torch.fx.Node, Callable[..., Any]], Callable[..., Any]] | None = None,
                     ) -> Callable[..., Any]:
     """A function over JAX arrays that computes `gm` (functional ATen) with our lowerings; `wrap_node`
     may wrap a node's lowering (bounded.py masks padded positions that way)."""
-    _refuse_dynamos_addcdiv(gm)
+    graph_parity.refuse_dynamos_addcdiv(gm)
     nodes = list(gm.graph.nodes)
     fns: dict[torch.fx.Node, Callable[..., Any]] = {}
     strided_from: dict[torch.fx.Node, torch.fx.Node] = {}  # as_strided node -> the view chain's base node
@@ -418,57 +386,6 @@ def _gru_cell_backward_meta(grad_hy: torch.Tensor, workspace: torch.Tensor, has_
     return (*gates, grad_hy.new_empty((3 * h,)), grad_hy.new_empty((3 * h,)))
 
 
-_BATCH_NORMS = ("native_batch_norm.default", "_native_batch_norm_legit.default", "_native_batch_norm_legit.no_stats",
-                "_native_batch_norm_legit_functional.default", "_native_batch_norm_legit_no_training.default")
-
-
-def _cpu_batch_norm_statistics(decomposition: Callable[..., Any]) -> Callable[..., Any]:
-    """Batch norm's fake-tensor rule for tpu: the saved statistics (outputs 1 and 2) as CPU's kernel, and the
-    eager lowering (lowering_parity._batch_norm_train), make them. Fake tensors run PyTorch's decomposition,
-    which gives CPU's dtypes only when `input.device.type == "cpu"`: float32 statistics for a half input on
-    any other device, and in eval mode the running statistics where CPU returns empty ones. A compiled half
-    batch norm then failed ("Cannot cast array data from float16 to float32") or gave float32 statistics.
-    The wrapper keeps the decomposition's name and module, so fake tensors still take it as PyTorch's own
-    (torch_decomp_decompositions) and other devices see no change."""
-
-    @functools.wraps(decomposition)
-    def rule(*args: Any, **kwargs: Any) -> Any:
-        out = decomposition(*args, **kwargs)
-        x = args[0] if args else kwargs.get("input")
-        if not (isinstance(x, torch.Tensor) and x.device.type == "tpu"):
-            return out
-        name = rule.__dict__["_op_name"]
-        if name.endswith("no_training"):
-            training = False
-        elif name.endswith("no_stats"):
-            training = True
-        else:
-            training = bool(args[5] if len(args) > 5 else kwargs.get("training"))
-        params = [p for p in args[1:5] if isinstance(p, torch.Tensor)]
-        keep = torch.float32 if x.dtype in _HALF and any(p.dtype == torch.float32 for p in params) else x.dtype
-        if not training and not name.endswith("no_stats"):
-            stats = [x.new_empty((0,), dtype=keep), x.new_empty((0,), dtype=keep)]
-        else:
-            stats = [out[1].to(keep), out[2].to(keep)]
-        return (out[0], *stats, *out[3:])
-
-    return rule
-
-
-def _register_batch_norm_rules() -> None:
-    from torch._decomp import decomposition_table
-
-    for name in _BATCH_NORMS:
-        packet, _, overload = name.partition(".")
-        op = getattr(getattr(torch.ops.aten, packet), overload)
-        fn = decomposition_table.get(op)
-        if fn is None or getattr(fn, "_op_name", None):
-            continue
-        rule = _cpu_batch_norm_statistics(fn)
-        rule._op_name = name  # type: ignore[attr-defined]
-        decomposition_table[op] = rule
-
-
 _META_LIB: Any = None
 
 
@@ -476,7 +393,7 @@ def _register_fake_rules() -> None:
     global _META_LIB
     from torch._subclasses import fake_impls
 
-    _register_batch_norm_rules()
+    graph_parity.register_batch_norm_rules()
     op = torch.ops.aten._grouped_mm.default
     if op not in fake_impls.op_implementations_dict:
         fake_impls.register_op_impl(op)(_grouped_mm_fake)

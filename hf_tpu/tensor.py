@@ -187,17 +187,12 @@ _view_replay_on = torch._C._is_view_replay_enabled
 
 
 def _replay_views() -> None:
-    """Make autograd replay view ops rather than call as_strided with a view's sizes, strides and offset.
-
-    PyTorch sees every tpu tensor as contiguous with storage offset 0 (module docstring), so a view's
-    recorded geometry is not where it sits in its base: `t[:, 2:].copy_(src)` gave src the gradient of
-    `t[:, :3]` (CopySlices' backward reads `grad.as_strided(view.sizes(), view.strides(),
-    view.storage_offset())`), and MLA attention (DeepSeek-style `key_states[..., :n].copy_(k_nope)`) trained
-    on wrong gradients in eager. With view replay (the switch of torch.autograd.grad_mode's
-    `_force_original_view_tracking`; XLA's tensors get the same through `support_as_strided()`), autograd
-    records the view op itself and replays it on the gradient. The flag is thread-local and changes how
-    autograd regenerates views, not values (CPU views in the same thread replay to the same result).
-    AOTAutograd's runtime wrapper may set it back on return; the next tpu view sets it again."""
+    """Make autograd replay view ops rather than call as_strided with a view's sizes, strides and offset,
+    which on tpu (every tensor reports itself contiguous at offset 0) are not where the view sits in its
+    base: `t[:, 2:].copy_(src)` gave src the gradient of `t[:, :3]` (CopySlices), and MLA attention
+    (`key_states[..., :n].copy_(k_nope)`) trained on wrong gradients in eager. The flag
+    (`_force_original_view_tracking`'s) is thread-local and changes how autograd regenerates views, not
+    values; AOTAutograd's runtime wrapper may reset it, and the next tpu view sets it again."""
     torch._C._set_view_replay_enabled(True)
 
 
