@@ -209,3 +209,31 @@ def _doge_block_mask(orig: Any, mod: Any) -> Any:
 
         mod.BlockMask = BlockMask
     return orig
+
+
+# ------------------------------------------------------------------------------- kernels_integer_device_ids
+@patch("transformers.integrations.hub_kernels", "kernelize", "kernels_integer_device_ids",
+       also_in=("transformers.modeling_utils",))
+def _kernelize_integer_ids(orig: Any, mod: Any) -> Any:
+    """Upstream (Transformers 5.25, where `kernels` is a dependency and on by default): `kernelize` takes the
+    first non-cpu value of the `device_map` as the model's device and asks `get_device_type` for its type.
+    Accelerate's planners ("auto", "balanced", a `max_memory` per device) write integer device ids, and
+    Diffusers passes such a map on to each Transformers component, so `get_device_type(0)` raised
+    "AttributeError: 'int' object has no attribute 'type'" and the load failed whenever that id was not 0
+    (0 is falsy, and upstream then asks the model instead): any model split over two devices, tpu or GPU. Fix: an integer id is `torch.device(i)` (device i of the current accelerator), as
+    accelerate itself reads it."""
+    import inspect
+
+    if "device_map" not in inspect.signature(orig).parameters:
+        return None  # Transformers < 5.25: kernelize takes no device_map
+
+    @functools.wraps(orig)
+    def kernelize(model: Any, *args: Any, device_map: Any = None, **kwargs: Any) -> Any:
+        import torch
+
+        if isinstance(device_map, dict):
+            device_map = {k: torch.device(v) if isinstance(v, int) and not isinstance(v, bool) else v
+                          for k, v in device_map.items()}
+        return orig(model, *args, device_map=device_map, **kwargs)
+
+    return kernelize

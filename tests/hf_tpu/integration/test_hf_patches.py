@@ -318,3 +318,28 @@ def test_storage_identity_needs_no_patch():
     """, HF_TPU_NO_PATCHES="1")
     assert res.returncode == 0, res.stderr[-3000:]
     assert res.stdout.split()[-2:] == ["False", "True"]
+
+
+# -------------------------------------------------------------------------------- kernels_integer_device_ids
+def test_integer_device_ids_load_with_kernels(llama_dir):
+    """Transformers >= 5.25 kernelizes every load (`kernels` is a dependency) and read an integer device id
+    of the device_map (what accelerate's planners write) as a torch.device: AttributeError for any id but 0
+    (falsy, so upstream asks the model instead). Patched, the model loads on tpu:1; unpatched, upstream still raises (drop the patch when it stops)."""
+    import transformers
+    from packaging.version import Version
+
+    if Version(transformers.__version__) < Version("5.25") or not transformers.utils.is_kernels_available():
+        pytest.skip("kernelize takes a device_map from Transformers 5.25, with `kernels` installed")
+    code = f"""
+        import transformers
+        dm = {{"model.embed_tokens": 1, "model.layers": 1, "model.norm": 1, "model.rotary_emb": 1, "lm_head": 1}}
+        try:
+            m = transformers.AutoModelForCausalLM.from_pretrained({str(llama_dir)!r}, device_map=dm)
+            print("loaded:", sorted({{str(p.device) for p in m.parameters()}}))
+        except AttributeError as e:
+            print("failed:", e)
+    """
+    res = _run(code, HF_TPU_NUM_DEVICES="2")
+    assert "loaded: ['tpu:1']" in res.stdout, res.stdout + res.stderr[-2000:]
+    res = _run(code, HF_TPU_NUM_DEVICES="2", HF_TPU_NO_PATCHES="1")
+    assert "failed: 'int' object has no attribute 'type'" in res.stdout, res.stdout + res.stderr[-2000:]
