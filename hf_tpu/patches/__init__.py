@@ -1,5 +1,6 @@
 """Every patch hf_tpu applies to Transformers, Accelerate, safetensors and PyTorch itself, one module per
-upstream library (transformers_patches.py, accelerate_patches.py, safetensors_patches.py, torch_patches.py).
+upstream library (transformers_patches.py, accelerate_patches.py, kernels_patches.py, safetensors_patches.py,
+torch_patches.py).
 
 Upstream already treats `tpu` right almost everywhere: `from_pretrained(device_map="tpu")`, `{"": "tpu:0"}`,
 `dtype=`, sharded and `.bin` checkpoints, `pipe.to("tpu")`, and `generate`'s own compile (Transformers
@@ -22,7 +23,13 @@ use it to show each patch is needed).
 from __future__ import annotations
 
 # registering modules: importing them fills the registry (none imports its upstream library at import)
-from hf_tpu.patches import accelerate_patches, safetensors_patches, torch_patches, transformers_patches  # noqa: F401
+from hf_tpu.patches import (  # noqa: F401
+    accelerate_patches,
+    kernels_patches,
+    safetensors_patches,
+    torch_patches,
+    transformers_patches,
+)
 from hf_tpu.patches.hook import applied, apply_pending, install
 from hf_tpu.patches.registry import patch, registered
 from hf_tpu.patches.transformers_patches import CheckpointFileError

@@ -15,7 +15,9 @@ def _max_memory(orig: Any, mod: Any) -> Any:
     counts only CUDA, NPU, MLU, SDAA, MUSA, XPU and HPU devices, so with `tpu` as the accelerator it
     returns {"cpu": ...} and "auto" silently loads the whole model on CPU. Fix: when hf_tpu serves `tpu`
     and the caller gave no `max_memory`, add the tpu devices as integer ids, as accelerate does for CUDA
-    (an integer device id is `torch.device(i)`, which is `tpu:i` with `tpu` as the current accelerator)."""
+    (an integer device id is `torch.device(i)`, which is `tpu:i` with `tpu` as the current accelerator).
+    accelerate 1.16 counts any `torch.accelerator` device itself: the patch then finds the integer ids
+    already there and returns upstream's answer (it matters for older accelerate and explicit budgets)."""
 
     @functools.wraps(orig)
     def get_max_memory(max_memory: Any = None) -> Any:
