@@ -461,3 +461,18 @@ def _scatter_reduce(x: Any, dim: int, index: Any, src: Any, reduce: str, *, incl
         extreme = info.max if reduce == "amin" else info.min
     seeded = base(x, dim, index, jnp.full(index.shape, extreme, x.dtype), None)  # a plain scatter of the extreme
     return base(seeded, dim, index, src, reduce, include_self=True)
+
+
+@lowers(aten.index_put.default)
+def _index_put(x: Any, indices: Any, values: Any, accumulate: bool = False) -> Any:
+    """torchax's index_put, except accumulating into bool: CPU adds bools as a logical or (index_add and
+    `t[idx] += v` on bool), where JAX's add refuses bool. Accumulated in int32 (uint8 would wrap at 256
+    duplicates) and compared with zero."""
+    from hf_tpu.torchax_compat import load_op_table
+
+    jnp = _jax().numpy
+    lowerings, _ = load_op_table()
+    base = (lowerings.get(aten.index_put.default) or lowerings[aten.index_put]).func
+    if not (accumulate and x.dtype == jnp.bool_):
+        return base(x, indices, values, accumulate)
+    return base(x.astype(jnp.int32), indices, jnp.asarray(values).astype(jnp.int32), True) != 0

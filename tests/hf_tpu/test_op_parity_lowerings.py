@@ -170,3 +170,16 @@ def test_scatter_reduce_min_max_without_self_on_integers(dtype, reduce, include_
     expected = x.scatter_reduce(1, index, src, reduce, include_self=include_self)
     got = x.to("tpu").scatter_reduce(1, index.to("tpu"), src.to("tpu"), reduce, include_self=include_self)
     op_parity.compare(expected, got)
+
+
+def test_bool_index_add_and_accumulating_index_put_are_logical_or() -> None:
+    """index_add's decomposition accumulates with index_put, whose JAX add refused bool (TpuOpError); CPU
+    ORs. Repeated indices included; numeric accumulation is unchanged."""
+    x = torch.tensor([False, True, False, False, False])
+    index = torch.tensor([1, 3, 3, 0])
+    src = torch.tensor([True, False, True, False])
+    op_parity.compare(x.index_add(0, index, src), x.to("tpu").index_add(0, index.to("tpu"), src.to("tpu")))
+    expected = x.index_put((index,), src, accumulate=True)
+    op_parity.compare(expected, x.to("tpu").index_put((index.to("tpu"),), src.to("tpu"), accumulate=True))
+    n = torch.arange(5.0)
+    op_parity.compare(n.index_add(0, index, src.float()), n.to("tpu").index_add(0, index.to("tpu"), src.float().to("tpu")))
