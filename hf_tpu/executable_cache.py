@@ -382,6 +382,9 @@ def _compile_and_save(key: str, ident: str, jitted: Any, args: tuple) -> Any:
     _bump("misses")
     _listen()
     lowered = jitted.lower(*args)  # traced with JAX's cache on: eager computations inside a trace use it
+    if _calls_out(lowered):
+        _bump("unsaveable")
+        return lowered.compile()
     with _without_jax_cache() as fresh:
         hits = _jax_cache_hits[0]
         exe = lowered.compile()
@@ -398,6 +401,18 @@ def _compile_and_save(key: str, ident: str, jitted: Any, args: tuple) -> Any:
     if write(key, data):
         _bump("saved")
     return exe
+
+
+def _calls_out(lowered: Any) -> bool:
+    """Whether the program calls a custom-call target (LAPACK's `lapack_sgetrf_ffi` and the other jaxlib FFI
+    kernels behind linear algebra). jaxlib registers those handlers in a process only when it first lowers
+    such a program, so an executable deserialized in a fresh process called an unregistered kernel and the
+    process died (SIGSEGV: torch.linalg.det on tpu in a second process). Such programs are not saved; the
+    few ops that need them trace and lower in each process as before."""
+    try:
+        return "custom_call" in lowered.as_text()
+    except Exception:  # noqa: BLE001 - cannot tell: do not save
+        return True
 
 
 @functools.cache

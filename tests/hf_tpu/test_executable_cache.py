@@ -127,3 +127,21 @@ def test_stable_texts() -> None:
     for bad in (object(), lambda x: x, torch.ones(2), [1, object()]):
         with pytest.raises(Unstable):
             stable(bad)
+
+
+def test_programs_calling_jaxlib_kernels_run_in_a_fresh_process(tmp_path: Path) -> None:
+    """A LAPACK-backed op (det: LU through jaxlib's `lapack_sgetrf_ffi` custom call) deserialized in a
+    process that had not lowered one itself called an unregistered kernel: the second process died with
+    SIGSEGV. Such programs are not saved, so every process gets CPU's answer."""
+    code = ("import json, torch, hf_tpu; from hf_tpu import executable_cache as e; "
+            "a = torch.randn(4, 4, generator=torch.Generator().manual_seed(0)); "
+            "print(json.dumps({'err': abs(torch.linalg.det(a.to('tpu')).cpu() - torch.linalg.det(a)).item(), "
+            "'stats': e.stats()}))")
+    env = {**os.environ, "HF_TPU_CACHE_DIR": str(tmp_path / "cache"), "HF_TPU_EXECUTABLE_CACHE": "1",
+           "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[2]), os.environ.get("PYTHONPATH", "")])}
+    env.pop("HF_TPU_DISABLE_DISK_CACHE", None)
+    for _ in range(2):
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+        assert r.returncode == 0, f"exit {r.returncode}: {r.stderr[-3000:]}"
+        out = json.loads(r.stdout.strip().splitlines()[-1])
+        assert out["err"] < 1e-5 and out["stats"]["unsaveable"] >= 1
