@@ -245,8 +245,7 @@ program_bound.on_release.append(_release_all)  # the bound drops every executabl
 class Program:
     """Calls `variants[name](*arrays)` through the shared cache. `choose(args)` names the variant of a call
     (xla_options' size rule); calls with anything but concrete arrays (tracers: a program traced inside
-    another) go to the fast variant's jitted function itself (or the only one), as do calls with keyword
-    arguments and with anything but arrays."""
+    another) go to the fast variant's jitted function itself, as do calls with keyword arguments."""
 
     def __init__(self, ident: str, variants: dict[str, tuple[Any, Any]], choose: Callable[[tuple], str]) -> None:
         self.ident = ident
@@ -271,7 +270,7 @@ class Program:
         if kwargs or any(type(a) is not array for a in args):
             # traced inside another program, JAX takes compile options only at the top: the fast variant
             # (xla_options._large); a keyword call only from code that never ran it through the cache
-            return self.variants.get("fast", next(iter(self.variants.values())))[0](*args, **kwargs)
+            return self.variants["fast"][0](*args, **kwargs)
         variant = self.choose(args)
         sig = (variant, *[(a.aval, a.sharding) for a in args])
         exe = self._exes.get(sig)

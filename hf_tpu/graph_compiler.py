@@ -193,46 +193,6 @@ def to_jax_function(gm: torch.fx.GraphModule,
 _NO_META = object()  # a pytree leaf standing for an output node without a traced value
 
 
-def graph_ident(gm: torch.fx.GraphModule, prec: str) -> str | None:
-    """The graph's program named for the executable cache (executable_cache.py): its code (ops, constants,
-    wiring), every node's traced dtype, shape and strides (the lowering reads them), the values of the tensors
-    it reads (get_attr) and the precision. None when something in it has no stable text (symbolic sizes, an
-    object's repr), or when the lowering table is not the package's own (hooks.override_lowerings)."""
-    import hashlib
-
-    from hf_tpu import eager_functional
-
-    if not eager_functional._own_lowerings():
-        return None
-    code = gm.code
-    if " at 0x" in code:
-        return None
-    h = hashlib.sha256(code.encode())
-    h.update(prec.encode())
-    try:
-        for n in gm.graph.nodes:
-            h.update(f"{n.op}|{n.name}|{n.target}|".encode())
-            for v in pytree.tree_leaves(n.meta.get("val")):
-                if isinstance(v, torch.Tensor):
-                    if any(isinstance(d, torch.SymInt) for d in (*v.shape, *v.stride(), v.storage_offset())):
-                        return None
-                    h.update(f"{tuple(v.shape)}:{tuple(v.stride())}:{v.storage_offset()}:{v.dtype};".encode())
-                elif isinstance(v, bool | int | float) or v is None:
-                    h.update(f"{type(v).__name__}:{v!r};".encode())
-                else:
-                    return None
-            if n.op == "get_attr":
-                attr = getattr(gm, n.target)
-                if not isinstance(attr, torch.Tensor):
-                    return None
-                cpu = attr.detach().cpu().contiguous()
-                h.update(f"{tuple(cpu.shape)}:{cpu.dtype}:".encode())
-                h.update(cpu.reshape(-1).view(torch.uint8).numpy().tobytes() if cpu.numel() else b"")
-    except Exception:  # noqa: BLE001 - anything unexpected: this graph is simply not shared
-        return None
-    return "graph|" + h.hexdigest()
-
-
 def _padded_plan(gm: torch.fx.GraphModule, example_inputs: list[Any], options: dict[str, Any] | None) -> Any:
     """A bounded-dynamism plan (bounded.py) when the graph has dynamic sizes and can be padded, else None:
     static shapes, one program per size."""
@@ -295,10 +255,8 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: list[Any], options: 
                 with precision.forced(prec):
                     return traced(*args)
 
-            # a whole graph: XLA's default optimisation, never the eager ops' fast compile (xla_options.py);
-            # named for the executable cache when it can be (a graph cache hit then lowers nothing)
-            ident = None if static or plan is not None or random else graph_ident(gm, prec)
-            jitted[prec] = xla_options.jit_full(with_precision, ident=ident, static_argnums=static)
+            # a whole graph: XLA's default optimisation, never the eager ops' fast compile (xla_options.py)
+            jitted[prec] = xla_options.jit_full(with_precision, static_argnums=static)
         return jitted[prec]
 
     def call(args: list[Any]) -> list[Any]:

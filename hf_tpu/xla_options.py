@@ -68,17 +68,9 @@ def _large(args: tuple, limit: int) -> bool:
     return _has_large(args, limit) and not _has_tracer(args, runtime.jax().core.Tracer)
 
 
-def jit_full(fn: Callable[..., Any], ident: str | None = None, **jit_kwargs: Any) -> Any:
-    """jax.jit(fn) with XLA's default optimisation (a compiled graph). With an `ident` (see jit) and no other
-    jit arguments, its executables are shared with other processes through the executable cache."""
-    opts = full_options()
-    if ident is not None and not any(jit_kwargs.values()):
-        from hf_tpu import executable_cache
-
-        if executable_cache.enabled():
-            return executable_cache.Program(ident, {"full": (runtime.jax().jit(fn, compiler_options=opts), opts)},
-                                            lambda args: "full")
-    return runtime.jax().jit(fn, compiler_options=opts, **jit_kwargs)
+def jit_full(fn: Callable[..., Any], **jit_kwargs: Any) -> Any:
+    """jax.jit(fn) with XLA's default optimisation (a compiled graph)."""
+    return runtime.jax().jit(fn, compiler_options=full_options(), **jit_kwargs)
 
 
 def jit(fn: Callable[..., Any], ident: str | None = None, **jit_kwargs: Any) -> Callable[..., Any]:

@@ -23,29 +23,6 @@ def ops(x: torch.Tensor, w: torch.Tensor) -> list[torch.Tensor]:
             torch.add(x, x.t().t(), alpha=0.5), x.t() @ x, torch.cat([x, x * 3], 0).amax(1)]
 
 
-def graph_main() -> None:
-    """CHILD_KIND=graph: an MLP compiled with torch.compile(backend="tpu") through the graph cache, one training
-    step (forward and backward graphs); prints graph programs traced (counters' compilations), the executable
-    cache's stats, the largest difference from CPU and a digest of the tpu results' bits."""
-    from hf_tpu import counters
-
-    hf_tpu.set_matmul_precision("highest")
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 4))
-    x = torch.randn(8, 16)
-    res = {}
-    for dev in ("cpu", "tpu"):
-        m = __import__("copy").deepcopy(model).to(dev)
-        f = torch.compile(m, backend="tpu") if dev == "tpu" else m
-        loss = f(x.to(dev)).square().mean()
-        loss.backward()
-        res[dev] = [loss.detach().cpu().reshape(1)] + [p.grad.cpu().reshape(-1) for p in m.parameters()]
-    err = max(float((a - b).abs().max()) for a, b in zip(res["tpu"], res["cpu"], strict=True))
-    bits = hashlib.sha256(b"".join(t.contiguous().numpy().tobytes() for t in res["tpu"])).hexdigest()
-    print(json.dumps({"traces": counters.count("compilations"), "stats": executable_cache.stats(),
-                      "graph_cache": hf_tpu.compile_cache.stats(), "err": err, "bits": bits}))
-
-
 def main() -> None:
     hf_tpu.set_matmul_precision(os.environ.get("CHILD_PRECISION", "highest"))
     jax = runtime.jax()
@@ -75,4 +52,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    graph_main() if os.environ.get("CHILD_KIND") == "graph" else main()
+    main()

@@ -104,18 +104,6 @@ def test_replaced_lowering_is_never_served_from_the_cache(warm: tuple[Path, dict
     assert faulty["stats"]["saved"] == 0  # and nothing traced under a replaced lowering is shared
 
 
-def test_graph_cache_hit_traces_no_graph_program(tmp_path: Path) -> None:
-    """A compiled graph loaded from the graph cache was lowered (traced) again in every process; with its
-    executables shared, the second process traces neither the forward nor the backward graph's program."""
-    env = {"CHILD_KIND": "graph", "HF_TPU_COMPILE_CACHE": "1", "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "torch")}
-    cold = run(tmp_path / "cache", **env)
-    assert cold["traces"] == 2 and cold["graph_cache"]["saved"] == 1 and cold["err"] < TOL
-    warm = run(tmp_path / "cache", **env)
-    assert warm["graph_cache"]["host"]["hits"] == 1, warm  # the graph cache hit, as before
-    assert warm["traces"] == 0 and warm["stats"]["misses"] == 0, warm  # and nothing lowered again
-    assert warm["bits"] == cold["bits"]
-
-
 def test_stable_texts() -> None:
     import torch
 
