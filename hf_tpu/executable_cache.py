@@ -174,9 +174,10 @@ def _arg_text(a: Any) -> str:
     return f"{a.shape}:{a.dtype.name}:{int(a.weak_type)}:{devices}:{getattr(a.sharding, 'memory_kind', '')}"
 
 
-def entry_key(ident: str, variant: str, options: Any, args: tuple) -> str:
+def entry_key(ident: str, variant: str, options: Any, args: tuple, place: Any = None) -> str:
+    """`place`: JAX's default device for the call (where outputs made from no input go), None for JAX's own."""
     text = "\n".join([environment(), ident, variant, repr(sorted((options or {}).items())),
-                      ";".join(_arg_text(a) for a in args)])
+                      ";".join(_arg_text(a) for a in args), "" if place is None else f"default:{place.id}"])
     return hashlib.sha256(text.encode()).hexdigest()[:40]
 
 
@@ -272,12 +273,15 @@ class Program:
             # (xla_options._large); a keyword call only from code that never ran it through the cache
             return self.variants["fast"][0](*args, **kwargs)
         variant = self.choose(args)
-        sig = (variant, *[(a.aval, a.sharding) for a in args])
+        # JAX's default device places what a program makes from no input (factories): tpu:1's `ones` is
+        # not tpu:0's, so it is part of the signature (dispatch sets it for every device but 0)
+        place = runtime.jax().config.jax_default_device
+        sig = (variant, place, *[(a.aval, a.sharding) for a in args])
         exe = self._exes.get(sig)
         if exe is not None:
             return exe(*args)
         jitted, options = self.variants[variant]
-        key = entry_key(self.ident, variant, options, args)
+        key = entry_key(self.ident, variant, options, args, place)
         exe = _load(key, self.ident, args)
         if exe is not None:
             try:
