@@ -56,6 +56,17 @@ MODELS = {
         vocab_size=1000, max_position_embeddings=128), 16),
 }
 
+
+def build(model: str):  # noqa: ANN201 - a Transformers model
+    """The model of MODELS[model] on CPU in eval mode, seeded (the profile scripts build theirs here)."""
+    import torch
+    import transformers
+
+    cfg, cls, kwargs, _ = MODELS[model]
+    torch.manual_seed(0)
+    return getattr(transformers, cls)(getattr(transformers, cfg)(**kwargs)).eval()
+
+
 # Both child scripts start alike: the arguments, precision, threads, seed, and the model built on CPU.
 PRELUDE = r"""
 import copy, json, os, resource, statistics, sys, time

@@ -32,7 +32,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TORCH_TPU_DEFER_AND_FUSE", "0")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from eager_bench import MODELS  # noqa: E402
+from eager_bench import MODELS, build  # noqa: E402
 from profile_classes import FORWARD_CLASSES as CLASSES  # noqa: E402
 from profile_classes import op_class, wait  # noqa: E402
 
@@ -96,14 +96,12 @@ def main() -> None:
     args = ap.parse_args()
 
     import torch
-    import transformers
 
     import hf_tpu  # noqa: F401 - registers the tpu device
 
     torch.set_float32_matmul_precision("highest")
-    cfg, cls, kwargs, seq = MODELS[args.model]
-    torch.manual_seed(0)
-    cpu = getattr(transformers, cls)(getattr(transformers, cfg)(**kwargs)).eval()
+    seq = MODELS[args.model][3]
+    cpu = build(args.model)
     tpu = copy.deepcopy(cpu).to("tpu")
     ids = torch.randint(0, cpu.config.vocab_size, (1, seq))
     ids_t = ids.to("tpu")

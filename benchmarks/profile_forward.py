@@ -32,23 +32,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TORCH_TPU_DEFER_AND_FUSE", "0")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+from eager_bench import MODELS, build  # noqa: E402
 from profile_classes import FORWARD_CLASSES as CLASSES  # noqa: E402
 from profile_classes import op_class, per_class, print_table, wait  # noqa: E402
-
-MODELS = {
-    "gpt2": ("GPT2Config", "GPT2LMHeadModel", {}),
-    "qwen3-wide": ("Qwen3Config", "Qwen3ForCausalLM", dict(
-        hidden_size=1024, intermediate_size=3072, num_attention_heads=16, num_key_value_heads=8, head_dim=128,
-        vocab_size=151936, tie_word_embeddings=True, num_hidden_layers=2)),
-}
-
-def build(model: str):  # noqa: ANN201 - a Transformers model
-    import torch
-    import transformers
-
-    cfg, cls, kwargs = MODELS[model]
-    torch.manual_seed(0)
-    return getattr(transformers, cls)(getattr(transformers, cfg)(**kwargs)).eval()
 
 
 class ProgramTimer:

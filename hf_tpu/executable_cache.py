@@ -38,7 +38,6 @@ import functools
 import hashlib
 import os
 import pickle
-import tempfile
 import threading
 import warnings
 import weakref
@@ -47,7 +46,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from hf_tpu import program_bound, runtime
+from hf_tpu import cache_entries, program_bound, runtime
 
 FORMAT = 1  # bump when the entry layout or the key's meaning changes
 MAGIC = b"hf_tpu-executable-v1\n"
@@ -195,43 +194,14 @@ def _warn(where: str, message: str) -> None:
 
 def read(key: str) -> bytes | None:
     """The payload saved under `key`, or None (absent; unreadable or corrupt: then with a warning)."""
-    path = _path(key)
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        return None
-    except OSError as exc:
-        _warn(str(path), f"cannot read {path} ({exc}); compiling instead")
+    payload, corrupt = cache_entries.read(_path(key), MAGIC, _warn)
+    if corrupt:
         _bump("corrupt")
-        return None
-    head = len(MAGIC) + 32
-    if len(data) < head or not data.startswith(MAGIC) or hashlib.sha256(data[head:]).digest() != data[len(MAGIC):head]:
-        _warn(str(path), f"ignoring corrupt entry {path} (checksum mismatch); compiling instead")
-        _bump("corrupt")
-        return None
-    return data[head:]
+    return payload
 
 
 def write(key: str, payload: bytes) -> bool:
-    path = _path(key)
-    data = MAGIC + hashlib.sha256(payload).digest() + payload
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-            os.replace(tmp, path)  # atomic: a concurrent reader sees the old file or the new one
-        except BaseException:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
-            raise
-        return True
-    except OSError as exc:  # a read-only or full directory costs speed, not correctness
-        _warn(str(path.parent), f"cannot write to {path.parent} ({exc}); not caching there")
-        return False
+    return cache_entries.write(_path(key), MAGIC, payload, _warn)
 
 
 # ----------------------------------------------------------------------------------------------- programs

@@ -15,12 +15,11 @@ call cannot be saved (a graph break), so a warm process goes straight to the nor
 
 from __future__ import annotations
 
-import hashlib
-import os
-import tempfile
 import threading
 import warnings
 from pathlib import Path
+
+from hf_tpu import cache_entries
 
 MAGIC = b"hf_tpu-graph-cache-v1\n"
 TIERS = ("memory", "host", "shared")
@@ -87,29 +86,15 @@ def _path(root: Path, key: str, suffix: str = ".graph") -> Path:
 
 def read(root: Path, key: str) -> bytes | None:
     """The payload saved under `key`, or None (absent, or unreadable/corrupt: then with a warning)."""
-    path = _path(root, key)
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        return None
-    except OSError as exc:
-        warn_once(str(path), f"cannot read {path} ({exc}); compiling instead")
+    # touch: a used entry stays when cache pruning (the nightly's) drops entries by age
+    payload, corrupt = cache_entries.read(_path(root, key), MAGIC, warn_once, touch=True)
+    if corrupt:
         bump("", "corrupt")
-        return None
-    head = len(MAGIC) + 32
-    if len(data) < head or not data.startswith(MAGIC) or hashlib.sha256(data[head:]).digest() != data[len(MAGIC):head]:
-        warn_once(str(path), f"ignoring corrupt cache entry {path} (checksum mismatch); compiling instead")
-        bump("", "corrupt")
-        return None
-    try:
-        os.utime(path)  # a used entry stays: cache pruning (the nightly's) drops entries by age
-    except OSError:
-        pass
-    return data[head:]
+    return payload
 
 
 def write(root: Path, key: str, payload: bytes) -> bool:
-    return _atomic_write(_path(root, key), MAGIC + hashlib.sha256(payload).digest() + payload)
+    return cache_entries.write(_path(root, key), MAGIC, payload, warn_once)
 
 
 def is_unsaveable(root: Path, key: str) -> bool:
@@ -117,24 +102,6 @@ def is_unsaveable(root: Path, key: str) -> bool:
 
 
 def mark_unsaveable(root: Path, key: str, reason: str) -> None:
-    _atomic_write(_path(root, key, ".skip"), reason.encode(errors="replace")[:4000])
+    cache_entries.write_raw(_path(root, key, ".skip"), reason.encode(errors="replace")[:4000], warn_once)
 
 
-def _atomic_write(path: Path, data: bytes) -> bool:
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-            os.replace(tmp, path)
-        except BaseException:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
-            raise
-        return True
-    except OSError as exc:  # a read-only or full cache directory costs speed, not correctness
-        warn_once(str(path.parent), f"cannot write to {path.parent} ({exc}); not caching there")
-        return False
