@@ -52,7 +52,7 @@ _BATCH_NORMS = ("native_batch_norm.default", "_native_batch_norm_legit.default",
 
 def _cpu_batch_norm_statistics(decomposition: Callable[..., Any]) -> Callable[..., Any]:
     """Batch norm's fake-tensor rule for tpu: the saved statistics (outputs 1 and 2) as CPU's kernel, and the
-    eager lowering (lowering_parity._batch_norm_train), make them. Fake tensors run PyTorch's decomposition,
+    eager lowering (batch_norm.batch_norm_train), make them. Fake tensors run PyTorch's decomposition,
     which gives CPU's dtypes only when `input.device.type == "cpu"`: float32 statistics for a half input on
     any other device, and in eval mode the running statistics where CPU returns empty ones. A compiled half
     batch norm then failed ("Cannot cast array data from float16 to float32") or gave float32 statistics.

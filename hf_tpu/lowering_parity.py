@@ -15,8 +15,6 @@ decomposition table has a usable one:
   _linalg_eigvals -> jnp.linalg.eigvals (geev, CPU's order)
   linalg_lu, lu_unpack -> lax.linalg.lu / LAPACK's row swaps, P built from its permutation (torchax's slices by a traced size)
   polygamma      -> lax.polygamma with the arguments in the right order; digamma's pole as PyTorch's
-  native_batch_norm, _native_batch_norm_legit_functional/_no_training -> CPU's kernel: statistics in float32
-                    (returned in float32 for half inputs, as CPU does), x * alpha + beta per channel
 
 OPMATH names the ops whose CPU kernels take bfloat16/float16 inputs through float32 (accumulating there) and
 round the result once: lowering.find runs their lowering (or decomposition) on float32 operands and casts
@@ -131,68 +129,6 @@ def _cross(a: Any, b: Any, dim: int = -1) -> Any:
     info = jnp.finfo(jnp.float16)
     p, q = (jax.lax.reduce_precision(v, exponent_bits=info.nexp, mantissa_bits=info.nmant) for v in (p, q))
     return (p - q).astype(jnp.float16)
-
-
-def _bn_transform(x: Any, weight: Any, bias: Any, mean: Any, invstd: Any) -> Any:
-    """x * alpha + beta per channel (alpha = invstd * weight, beta = bias - mean * alpha), in float32 and rounded
-    once to x's dtype: CPU's batch-norm kernel for every dtype."""
-    jnp = _jax().numpy
-    f32 = jnp.float32
-    alpha = invstd.astype(f32) * (1 if weight is None else weight.astype(f32))
-    beta = -mean.astype(f32) * alpha + (0 if bias is None else bias.astype(f32))
-    shape = (1, -1) + (1,) * (x.ndim - 2)
-    wide = jnp.float64 if x.dtype == jnp.float64 else f32
-    return (x.astype(wide) * alpha.reshape(shape) + beta.reshape(shape)).astype(x.dtype)
-
-
-def _batch_norm_eval(x: Any, weight: Any, bias: Any, mean: Any, var: Any, eps: float) -> tuple[Any, Any, Any]:
-    """Inference batch norm (running statistics); the saved statistics are empty, as CPU returns them: in the
-    parameters' dtype (float32 for a half input with float32 parameters, as in training)."""
-    jnp = _jax().numpy
-    invstd = 1 / jnp.sqrt(var.astype(jnp.float32) + eps)
-    mixed = any(p is not None and p.dtype == jnp.float32 for p in (weight, bias, mean, var))
-    empty = jnp.zeros((0,), jnp.float32 if mixed and x.dtype in (jnp.float16, jnp.bfloat16) else x.dtype)
-    return _bn_transform(x, weight, bias, mean, invstd), empty, empty
-
-
-def _batch_norm_train(x: Any, weight: Any, bias: Any, eps: float, params: tuple) -> tuple[Any, Any, Any, Any]:
-    """(out, batch mean, batch invstd, biased var). Statistics are computed in float32 and kept in CPU's
-    parameter dtype: the input's when every parameter (weight, bias, running statistics) has it, float32 when
-    a half input comes with float32 parameters; the output is made from the kept (rounded) statistics."""
-    jnp = _jax().numpy
-    axes = tuple(d for d in range(x.ndim) if d != 1)
-    wide = jnp.float64 if x.dtype == jnp.float64 else jnp.float32
-    xf = x.astype(wide)
-    mean = xf.mean(axes)
-    var = ((xf - mean.reshape((1, -1) + (1,) * (x.ndim - 2))) ** 2).mean(axes)
-    invstd = 1 / jnp.sqrt(var + eps)
-    mixed = any(p is not None and p.dtype == jnp.float32 for p in params)
-    keep = wide if mixed else x.dtype
-    mean, invstd = mean.astype(keep), invstd.astype(keep)
-    return _bn_transform(x, weight, bias, mean, invstd), mean, invstd, var
-
-
-@lowers(aten.native_batch_norm.default)
-def _native_batch_norm(x: Any, weight: Any, bias: Any, running_mean: Any, running_var: Any, training: bool,
-                       momentum: float, eps: float) -> Any:
-    if not training and running_mean is not None and running_var is not None:
-        return _batch_norm_eval(x, weight, bias, running_mean, running_var, eps)
-    out, mean, invstd, _ = _batch_norm_train(x, weight, bias, eps, (weight, bias, running_mean, running_var))
-    return out, mean, invstd
-
-
-@lowers(aten._native_batch_norm_legit_functional.default)
-def _batch_norm_functional(x: Any, weight: Any, bias: Any, running_mean: Any, running_var: Any, training: bool,
-                           momentum: float, eps: float) -> Any:
-    """_native_batch_norm_legit_functional: also the new running statistics (unbiased variance)."""
-    if not training:
-        out, mean, invstd = _batch_norm_eval(x, weight, bias, running_mean, running_var, eps)
-        return out, mean, invstd, running_mean, running_var
-    out, mean, invstd, var = _batch_norm_train(x, weight, bias, eps, (weight, bias, running_mean, running_var))
-    n = x.size // x.shape[1]
-    new_mean = (1 - momentum) * running_mean + momentum * mean.astype(running_mean.dtype)
-    new_var = (1 - momentum) * running_var + momentum * (var * n / max(n - 1, 1)).astype(running_var.dtype)
-    return out, mean, invstd, new_mean, new_var
 
 
 @lowers(aten.as_strided_scatter.default)
@@ -344,7 +280,6 @@ def opmath(fn: Callable[..., Any], pointwise: Any = None) -> Callable[..., Any]:
 OPMATH = op_registry.mark("opmath", {
     aten.cumsum.default, aten.cumprod.default, aten.logcumsumexp.default, aten.fmod.Tensor, aten.fmod.Scalar,
     aten.native_layer_norm.default, aten.native_layer_norm_backward.default,
-    aten.native_batch_norm_backward.default,
     aten.grid_sampler_2d.default, aten.grid_sampler_3d.default, aten.native_group_norm.default,
     aten.native_group_norm_backward.default, aten.polygamma.default,
     # a Python scalar meets a half tensor in CPU's kernels at float32 (x * 2.302585 keeps the scalar's digits;
@@ -433,12 +368,8 @@ def _lu_unpack(lu: Any, pivots: Any, unpack_data: bool = True, unpack_pivots: bo
     return jnp.swapaxes(jax.nn.one_hot(perm, m, dtype=lu.dtype), -1, -2), lower, upper
 
 
-lowers(aten._native_batch_norm_legit_no_training.default)(
-    lambda x, w, b, mean, var, momentum, eps: _batch_norm_eval(x, w, b, mean, var, eps))
 lowers(aten.adaptive_max_pool2d.default)(_adaptive_max_pool(2))
 lowers(aten.adaptive_max_pool3d.default)(_adaptive_max_pool(3))
-lowers(aten._native_batch_norm_legit.no_stats)(
-    lambda x, w, b, training, momentum, eps: _batch_norm_train(x, w, b, eps, (w, b))[:3])
 
 
 @lowers(aten.scatter_reduce.two)
