@@ -8,6 +8,12 @@ then had no float64 reference at all, and its rows were judged by allclose at 1e
 BailingHybrid, Beam). Within `kernels()`, a float64 grouped matmul runs as its definition, one matmul per
 group, from ordinary differentiable ops, so the backward works too. Only float64 calls are taken over: the
 float32 baseline and the device runs are untouched.
+
+Models that cast to float32 by name (Autoformer's attention: `torch.zeros_like(value_states).float()`; RMS
+norms that upcast with `.to(torch.float32)`) mean "at least float32": in a float64 reference run such a cast
+would mix float32 into float64 ("mat1 and mat2 must have the same dtype") and the entry had no reference at
+all. Within `kernels()`, a float64 tensor cast to float32 with `.float()`, `.to(torch.float32)` or
+`.type(torch.float32)` stays float64.
 """
 
 from __future__ import annotations
@@ -51,9 +57,22 @@ class _Float64Kernels(TorchFunctionMode):
         kwargs = kwargs or {}
         if func in _TAKEN and args and isinstance(args[0], torch.Tensor) and args[0].dtype == torch.float64:
             return grouped_mm(*args, **kwargs)
+        if func in _CASTS and args and isinstance(args[0], torch.Tensor) and args[0].dtype == torch.float64:
+            func, args, kwargs = _keep_float64(func, args, kwargs)
         return func(*args, **kwargs)
 
 
+def _keep_float64(func: Any, args: tuple, kwargs: dict) -> tuple[Any, tuple, dict]:
+    """A cast of a float64 tensor with float32 replaced by float64 (other casts unchanged)."""
+    if func is torch.Tensor.float:  # .float(memory_format=...) -> .to(float64, memory_format=...)
+        return torch.Tensor.to, (args[0], torch.float64), kwargs
+    if kwargs.get("dtype") is torch.float32:
+        kwargs = {**kwargs, "dtype": torch.float64}
+    # .to(float32), .to(device, float32), .type(float32); dtypes are singletons, and `is` spares tensors' __eq__
+    return func, tuple(torch.float64 if a is torch.float32 else a for a in args), kwargs
+
+
+_CASTS = {torch.Tensor.float, torch.Tensor.to, torch.Tensor.type}
 _TAKEN = {torch._grouped_mm, *([torch.nn.functional.grouped_mm] if hasattr(torch.nn.functional, "grouped_mm")
                                else [])}
 

@@ -37,3 +37,22 @@ def test_float64_grouped_mm_runs_and_differentiates_within_kernels():
     torch.testing.assert_close(b64.grad.float(), b32.grad, rtol=1e-5, atol=1e-5)
     with float64_ops.kernels():  # float32 calls are PyTorch's own
         assert torch.equal(F.grouped_mm(a, b, offs=offs), out32.detach())
+
+
+def test_a_float64_tensor_cast_to_float32_stays_float64_within_kernels():
+    """Autoformer's attention builds `torch.zeros_like(v).float()` and adds to it: in the float64 reference run
+    that mixed float32 into float64 (out_proj: "mat1 and mat2 must have the same dtype") and the entry had no
+    reference. Within kernels() the casts keep float64; float32 tensors, other casts and code outside are
+    untouched."""
+    x = torch.randn(3, 4, dtype=torch.float64)
+    with float64_ops.kernels():
+        for cast in (lambda t: t.float(), lambda t: t.to(torch.float32), lambda t: t.to("cpu", torch.float32),
+                     lambda t: t.to(dtype=torch.float32), lambda t: t.type(torch.float32)):
+            y = cast(x)
+            assert y.dtype == torch.float64 and torch.equal(y, x)
+        assert x.to(torch.float16).dtype == torch.float16 and x.long().dtype == torch.int64
+        assert torch.randn(2).to(torch.float32).dtype == torch.float32
+        w = torch.randn(4, 4, dtype=torch.float64, requires_grad=True)
+        (x.float() @ w).sum().backward()  # differentiable through the kept cast
+    assert w.grad is not None and w.grad.dtype == torch.float64
+    assert x.float().dtype == torch.float32  # outside kernels(): PyTorch's own cast
