@@ -307,7 +307,7 @@ def compare_tensor(name: str, ref, res, fp64, tol: Tolerance) -> tuple[bool, dic
     ok = res_err <= bound
     reason = "" if ok else (
         f"{name}: rmse(fp64,tpu)={res_err:.3g} > {mult:g}*rmse(fp64,cpu)={ref_err:.3g} + "
-        f"{tol.floor_value:g}*scale={scale:.3g} (rel rmse {m['rel_rmse']:.3g})"
+        f"{tol.floor_value:g}*scale={tol.floor_value * scale:.3g} (scale {scale:.3g}, rel rmse {m['rel_rmse']:.3g})"
     )
     return ok, m, reason
 

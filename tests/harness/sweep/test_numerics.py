@@ -142,3 +142,18 @@ def test_rounding_dominated_outputs_at_medium_are_unjudged_not_failed():
     # at highest the same holds for float32 rounding through a chaotic model (RT-DETR's query selection)
     assert "rounding-dominated" in rounding_dominated(ref, tpu, fp64, tolerance_for("x", "highest", "float32"))
     assert rounding_dominated(ref, tpu, None, medium) == ""
+
+
+def test_the_failure_message_prints_the_bound_it_applied():
+    """The reason read '1e-05*scale=7.62e-05' where 7.62e-05 was the scale itself (the floor was 7.62e-10):
+    a user checking the figures saw an error below the bound it claimed to exceed."""
+    fp64 = torch.full((4,), 7.62e-5, dtype=torch.float64)
+    ref = fp64.float()
+    res = ref * (1 + 1e-4)
+    tol = Tolerance(tol=1e-4)
+    ok, m, reason = compare_tensor("g", ref, res, fp64, tol)
+    assert not ok
+    floor = tol.floor_value * 7.62e-5
+    assert f"{tol.floor_value:g}*scale={floor:.3g} (scale 7.62e-05" in reason, reason
+    bound_terms = reason.split(" > ")[1]
+    assert f"{floor:.3g}" in bound_terms
