@@ -23,9 +23,14 @@ deserializing failed with "Function ..._kernel not found"), and saves the result
 atomically (a temporary file renamed), with a checksum; an entry that cannot be read, fails its checksum or
 fails to deserialize is skipped with a warning (a miss), and overwritten by the next save.
 
-Only callers that can vouch for their ident use it: op_jit's programs when the lowering table is the
-package's own (eager_functional: not under hooks.override_lowerings, whose replaced lowerings are not
-named by the ident), and only for idents made of stable values (`stable()`). HF_TPU_EXECUTABLE_CACHE=0
+Only callers that can vouch for their ident use it, and only for idents made of stable values (`stable()`):
+op_jit's programs when the lowering table is the package's own (eager_functional: not under
+hooks.override_lowerings, whose replaced lowerings are not named by the ident); compiled graphs
+(graph_ident.py: a canonical text of the graph, the same for the graph Dynamo made and the one loaded from
+the graph cache); the fused optimizer's chunk programs (optim_lowerings: lists of arrays and keyword
+hyperparameters, Python numbers among them, and donated arguments, whose donation is compiled into the
+executable and named in the ident). A program that cannot be saved (it calls a custom-call target, or has
+hoisted constants) is compiled with JAX's cache on, so its miss costs what it did before. HF_TPU_EXECUTABLE_CACHE=0
 turns it off; HF_TPU_DISABLE_DISK_CACHE=1 (no persistent cache at all) does too. Entries live in
 `executables/` under runtime.cache_dir() (JAX ignores subdirectories of its cache).
 """
@@ -168,15 +173,23 @@ def environment() -> str:
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()
 
 
+_SCALARS = (bool, int, float)  # Python numbers a program takes as traced (weakly typed) arguments
+
+
 def _arg_text(a: Any) -> str:
+    if type(a) in _SCALARS:  # traced as a weakly typed scalar of its kind: the value is not in the program
+        return f"py:{type(a).__name__}"
     devices = sorted(d.id for d in a.sharding.device_set)
     return f"{a.shape}:{a.dtype.name}:{int(a.weak_type)}:{devices}:{getattr(a.sharding, 'memory_kind', '')}"
 
 
-def entry_key(ident: str, variant: str, options: Any, args: tuple, place: Any = None) -> str:
-    """`place`: JAX's default device for the call (where outputs made from no input go), None for JAX's own."""
+def entry_key(ident: str, variant: str, options: Any, args: tuple | list, place: Any = None, tree: Any = None) -> str:
+    """`args`: the call's array (or Python scalar) leaves; `tree`: their pytree structure when the call is
+    not positional arrays alone (the optimizer's lists and keyword hyperparameters); `place`: JAX's default
+    device for the call (where outputs made from no input go), None for JAX's own."""
     text = "\n".join([environment(), ident, variant, repr(sorted((options or {}).items())),
-                      ";".join(_arg_text(a) for a in args), "" if place is None else f"default:{place.id}"])
+                      ";".join(_arg_text(a) for a in args), "" if place is None else f"default:{place.id}"]
+                     + ([] if tree is None else [f"tree:{tree}"]))
     return hashlib.sha256(text.encode()).hexdigest()[:40]
 
 
@@ -214,9 +227,11 @@ program_bound.on_release.append(_release_all)  # the bound drops every executabl
 
 
 class Program:
-    """Calls `variants[name](*arrays)` through the shared cache. `choose(args)` names the variant of a call
-    (xla_options' size rule); calls with anything but concrete arrays (tracers: a program traced inside
-    another) go to the fast variant's jitted function itself, as do calls with keyword arguments."""
+    """Calls `variants[name](*args, **kwargs)` through the shared cache. `choose(args)` names the variant of a
+    call (xla_options' size rule); `program.fast(...)` / `program.full(...)` call one variant. Positional
+    arrays take the quick path (an eager op's program); pytrees of arrays and Python numbers, positional or
+    keyword (the fused optimizer's parameter lists and hyperparameters), a slower one. Calls with anything
+    else (tracers: a program traced inside another) go to the fast variant's jitted function itself."""
 
     def __init__(self, ident: str, variants: dict[str, tuple[Any, Any]], choose: Callable[[tuple], str]) -> None:
         self.ident = ident
@@ -239,10 +254,10 @@ class Program:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         array = self._array_type
         if kwargs or any(type(a) is not array for a in args):
-            # traced inside another program, JAX takes compile options only at the top: the fast variant
-            # (xla_options._large); a keyword call only from code that never ran it through the cache
-            return self.variants["fast"][0](*args, **kwargs)
-        variant = self.choose(args)
+            return self._call_tree(self.choose(args), args, kwargs)
+        return self._call(self.choose(args), args)
+
+    def _call(self, variant: str, args: tuple) -> Any:
         # JAX's default device places what a program makes from no input (factories): tpu:1's `ones` is
         # not tpu:0's, so it is part of the signature (dispatch sets it for every device but 0)
         place = runtime.jax().config.jax_default_device
@@ -250,19 +265,49 @@ class Program:
         exe = self._exes.get(sig)
         if exe is not None:
             return exe(*args)
+        return self._first_call(sig, variant, args, {}, args, place, None)
+
+    def _call_tree(self, variant: str, args: tuple, kwargs: dict) -> Any:
+        jax = runtime.jax()
+        leaves, tree = jax.tree_util.tree_flatten((args, kwargs))
+        array = self._array_type
+        sig_leaves = []
+        for a in leaves:
+            if type(a) is array:
+                sig_leaves.append((a.aval, a.sharding))
+            elif type(a) in _SCALARS:
+                sig_leaves.append(type(a))
+            else:  # a tracer (traced inside another program: JAX takes compile options only at the top, so
+                # the fast variant, xla_options._large) or something no executable takes
+                return self.variants.get("fast", self.variants[variant])[0](*args, **kwargs)
+        place = jax.config.jax_default_device
+        sig = (variant, place, tree, *sig_leaves)
+        exe = self._exes.get(sig)
+        if exe is not None:
+            return exe(*args, **kwargs)
+        return self._first_call(sig, variant, args, kwargs, leaves, place, tree)
+
+    def _first_call(self, sig: tuple, variant: str, args: tuple, kwargs: dict, leaves: tuple | list, place: Any,
+                    tree: Any) -> Any:
         jitted, options = self.variants[variant]
-        key = entry_key(self.ident, variant, options, args, place)
-        exe = _load(key, self.ident, args)
+        key = entry_key(self.ident, variant, options, leaves, place, tree)
+        exe = _load(key, self.ident, leaves)
         if exe is not None:
             try:
-                out = exe(*args)  # a saved executable can fail only now (a kernel missing from it)
+                out = exe(*args, **kwargs)  # a saved executable can fail only now (a kernel missing from it)
             except Exception as exc:  # noqa: BLE001 - unusable: a miss; a real error raises again below
+                if _consumed(leaves):  # a donated input is gone: nothing can be retried
+                    raise
                 _unusable(key, exc)
             else:
                 self._exes[sig] = exe
                 return out
-        exe = self._exes[sig] = _compile_and_save(key, self.ident, jitted, args)
-        return exe(*args)
+        exe = self._exes[sig] = _compile_and_save(key, self.ident, jitted, args, kwargs)
+        return exe(*args, **kwargs)
+
+
+def _consumed(leaves: tuple | list) -> bool:
+    return any(getattr(a, "is_deleted", lambda: False)() for a in leaves)
 
 
 @functools.cache
@@ -283,7 +328,10 @@ class _Variant:
         self.program, self.name = program, name
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return self.program.variants[self.name][0](*args, **kwargs)
+        program = self.program
+        if kwargs or any(type(a) is not program._array_type for a in args):
+            return program._call_tree(self.name, args, kwargs)
+        return program._call(self.name, args)
 
     def _cache_size(self) -> int:
         return self.program.variants[self.name][0]._cache_size() + sum(
@@ -295,7 +343,7 @@ def _unusable(key: str, exc: BaseException) -> None:
     _bump("corrupt")
 
 
-def _load(key: str, ident: str, args: tuple) -> Any:
+def _load(key: str, ident: str, leaves: tuple | list) -> Any:
     """The executable saved under `key`, or None (absent or unusable: then with a warning)."""
     from jax.experimental import serialize_executable as se
 
@@ -307,7 +355,10 @@ def _load(key: str, ident: str, args: tuple) -> Any:
         if state.get("ident") != ident or state.get("format") != FORMAT:
             raise ValueError("the entry names another program")
         exe = se.deserialize_and_load(state["exe"], state["in_tree"], state["out_tree"])
-        if [(tuple(i.shape), i.dtype) for i in exe.in_avals[0]] != [(a.shape, a.dtype) for a in args]:
+        takes = runtime.jax().tree_util.tree_leaves(exe.in_avals)
+        if len(takes) != len(leaves) or any(
+                type(a) not in _SCALARS and (tuple(i.shape), i.dtype) != (a.shape, a.dtype)
+                for i, a in zip(takes, leaves, strict=True)):
             raise ValueError("the entry's executable takes other arguments")
     except Exception as exc:  # noqa: BLE001 - an unusable entry is a miss, never an error
         _unusable(key, exc)
@@ -349,13 +400,15 @@ def _count_jax_hits(event: str, **_: Any) -> None:
         _jax_cache_hits[0] += 1
 
 
-def _compile_and_save(key: str, ident: str, jitted: Any, args: tuple) -> Any:
+def _compile_and_save(key: str, ident: str, jitted: Any, args: tuple, kwargs: dict | None = None) -> Any:
     from jax.experimental import serialize_executable as se
 
     _bump("misses")
     _listen()
-    lowered = jitted.lower(*args)  # traced with JAX's cache on: eager computations inside a trace use it
-    if _calls_out(lowered):
+    lowered = jitted.lower(*args, **(kwargs or {}))  # traced with JAX's cache on: eager computations inside a trace use it
+    if _calls_out(lowered) or getattr(getattr(lowered, "_lowering", None), "const_args", None):
+        # not saveable (below; JAX cannot serialize a program with hoisted constants either): compiled with
+        # JAX's own cache, so that this miss, repeated in every process, costs no more than it did before
         _bump("unsaveable")
         return lowered.compile()
     with _without_jax_cache() as fresh:

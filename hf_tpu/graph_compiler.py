@@ -16,7 +16,7 @@ from torch.utils import _pytree as pytree
 
 from hf_tpu import (backward_lowerings, counters, dtypes, float8, fused, lowering, op_registry, precision, rng,
                     xla_options)
-from hf_tpu import graph_parity, host_copy
+from hf_tpu import graph_ident, graph_parity, host_copy
 from hf_tpu import tensor as T
 from hf_tpu.op_registry import lowers
 from hf_tpu.torchax_compat import load_op_table
@@ -255,8 +255,10 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: list[Any], options: 
                 with precision.forced(prec):
                     return traced(*args)
 
-            # a whole graph: XLA's default optimisation, never the eager ops' fast compile (xla_options.py)
-            jitted[prec] = xla_options.jit_full(with_precision, static_argnums=static)
+            # a whole graph: XLA's default optimisation, never the eager ops' fast compile (xla_options.py);
+            # named for the executable cache when it can be (graph_ident.py: a graph cache hit then lowers nothing)
+            ident = None if static or plan is not None or random else graph_ident.graph_ident(gm, prec)
+            jitted[prec] = xla_options.jit_full(with_precision, ident=ident, static_argnums=static)
         return jitted[prec]
 
     def call(args: list[Any]) -> list[Any]:

@@ -68,9 +68,18 @@ def _large(args: tuple, limit: int) -> bool:
     return _has_large(args, limit) and not _has_tracer(args, runtime.jax().core.Tracer)
 
 
-def jit_full(fn: Callable[..., Any], **jit_kwargs: Any) -> Any:
-    """jax.jit(fn) with XLA's default optimisation (a compiled graph)."""
-    return runtime.jax().jit(fn, compiler_options=full_options(), **jit_kwargs)
+def jit_full(fn: Callable[..., Any], ident: str | None = None, **jit_kwargs: Any) -> Any:
+    """jax.jit(fn) with XLA's default optimisation (a compiled graph). With an `ident` (see jit) and no other
+    jit arguments, its executables are shared with other processes through the executable cache."""
+    jax = runtime.jax()
+    opts = full_options()
+    if ident is not None and not any(jit_kwargs.values()):
+        from hf_tpu import executable_cache
+
+        if executable_cache.enabled():
+            return executable_cache.Program(ident, {"full": (jax.jit(fn, compiler_options=opts), opts)},
+                                            lambda args: "full")
+    return jax.jit(fn, compiler_options=opts, **jit_kwargs)
 
 
 def jit(fn: Callable[..., Any], ident: str | None = None, **jit_kwargs: Any) -> Callable[..., Any]:
@@ -78,18 +87,21 @@ def jit(fn: Callable[..., Any], ident: str | None = None, **jit_kwargs: Any) -> 
     among the positional arguments (or in a list of them: the optimizer's parameters) and with the
     fast-compile defaults otherwise (the module's rule). With an `ident` (a text that determines `fn`
     completely, see executable_cache.py), executables are shared with other processes through the
-    executable cache, which then skips tracing and lowering."""
+    executable cache, which then skips tracing and lowering. `donate_argnums` is the one jit argument the
+    cache takes with an ident (it is added to the ident: donation is compiled into the executable)."""
     jax = runtime.jax()
     fast = jax.jit(fn, **jit_kwargs)
     opts = full_options()
     limit = LARGE_ELEMENTS
-    if ident is not None and not jit_kwargs:
+    if ident is not None and set(jit_kwargs) <= {"donate_argnums"}:
         from hf_tpu import executable_cache
 
         if executable_cache.enabled():
+            if jit_kwargs:
+                ident = f"{ident}|donate={executable_cache.stable(jit_kwargs['donate_argnums'])}"
             if opts is None:
                 return executable_cache.Program(ident, {"fast": (fast, None)}, lambda args: "fast")
-            full = jax.jit(fn, compiler_options=opts)
+            full = jax.jit(fn, compiler_options=opts, **jit_kwargs)
             return executable_cache.Program(ident, {"fast": (fast, None), "full": (full, opts)},
                                             lambda args: "full" if _has_large(args, limit) else "fast")
     if opts is None:

@@ -23,6 +23,85 @@ def ops(x: torch.Tensor, w: torch.Tensor) -> list[torch.Tensor]:
             torch.add(x, x.t().t(), alpha=0.5), x.t() @ x, torch.cat([x, x * 3], 0).amax(1)]
 
 
+class _QAHead(torch.nn.Module):
+    """A question-answering head's shape of graph: a projection split into start and end logits, views at
+    storage offsets 0 and 1 (a loaded graph's nodes do not keep storage offsets: the case that named the
+    same graph differently in the process that saved it and in the next), and a rotary-style half slice."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 16))
+        self.qa = torch.nn.Linear(16, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.body(x)
+        h = torch.cat([-h[..., 8:], h[..., :8]], -1) + h  # rotate_half
+        start, end = self.qa(h).split(1, dim=-1)
+        return start.squeeze(-1).logsumexp(-1).sum() + end.squeeze(-1).square().mean()
+
+
+def graph_main() -> None:
+    """CHILD_KIND=graph: _QAHead compiled with torch.compile(backend="tpu") through the graph cache, one
+    training step (forward and backward graphs); prints graph programs traced (counters' compilations),
+    the executable cache's stats, the graph cache's, the largest difference from CPU and a digest of the tpu
+    results' bits."""
+    from hf_tpu import counters
+
+    hf_tpu.set_matmul_precision("highest")
+    torch.manual_seed(0)
+    model = _QAHead()
+    x = torch.randn(4, 8, 16)
+    res = {}
+    for dev in ("cpu", "tpu"):
+        m = __import__("copy").deepcopy(model).to(dev)
+        f = torch.compile(m, backend="tpu") if dev == "tpu" else m
+        loss = f(x.to(dev))
+        loss.backward()
+        res[dev] = [loss.detach().cpu().reshape(1)] + [p.grad.cpu().reshape(-1) for p in m.parameters()]
+    err = max(float((a - b).abs().max()) for a, b in zip(res["tpu"], res["cpu"], strict=True))
+    bits = hashlib.sha256(b"".join(t.contiguous().numpy().tobytes() for t in res["tpu"])).hexdigest()
+    print(json.dumps({"traces": counters.count("compilations"), "stats": executable_cache.stats(),
+                      "graph_cache": hf_tpu.compile_cache.stats(), "err": err, "bits": bits}))
+
+
+def optim_main() -> None:
+    """CHILD_KIND=optim: 3 steps of AdamW(fused=True) on tpu (a learning-rate schedule, parameters of
+    repeated shapes: several chunk programs, the parameters donated from the second step on) and the same on
+    CPU; prints the step programs traced (optim_lowerings.traces), the executable cache's stats, the largest
+    difference from CPU and a digest of the tpu parameters' bits."""
+    from hf_tpu import optim_lowerings
+    from hf_tpu.precision import cpu_reference
+
+    hf_tpu.set_matmul_precision("highest")
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Tanh(), torch.nn.Linear(8, 8), torch.nn.Tanh(),
+                                torch.nn.Linear(8, 3))
+    res, donated = {}, []
+    for dev in ("cpu", "tpu"):
+        m = __import__("copy").deepcopy(model).to(dev)
+        opt = torch.optim.AdamW(m.parameters(), lr=1e-2, weight_decay=0.1,
+                                **({"fused": True} if dev == "tpu" else {"foreach": True}))
+        sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+        g = torch.Generator().manual_seed(1)
+        for step in range(3):
+            with cpu_reference() if dev == "cpu" else __import__("contextlib").nullcontext():
+                m(torch.randn(4, 6, generator=g).to(dev)).pow(2).mean().backward()
+                if dev == "tpu":
+                    from hf_tpu import tensor as T
+
+                    old = T.payload(next(m.parameters())).buf.array
+                opt.step()
+                if dev == "tpu" and step:
+                    donated.append(old.is_deleted())
+                sched.step()
+                opt.zero_grad()
+        res[dev] = [p.detach().cpu().reshape(-1) for p in m.parameters()]
+    err = max(float((a - b).abs().max()) for a, b in zip(res["tpu"], res["cpu"], strict=True))
+    bits = hashlib.sha256(b"".join(t.contiguous().numpy().tobytes() for t in res["tpu"])).hexdigest()
+    print(json.dumps({"traces": optim_lowerings.traces, "stats": executable_cache.stats(), "err": err,
+                      "bits": bits, "donated": donated}))
+
+
 def main() -> None:
     hf_tpu.set_matmul_precision(os.environ.get("CHILD_PRECISION", "highest"))
     jax = runtime.jax()
@@ -52,4 +131,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    {"graph": graph_main, "optim": optim_main}.get(os.environ.get("CHILD_KIND", ""), main)()

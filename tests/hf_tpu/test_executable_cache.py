@@ -104,6 +104,85 @@ def test_replaced_lowering_is_never_served_from_the_cache(warm: tuple[Path, dict
     assert faulty["stats"]["saved"] == 0  # and nothing traced under a replaced lowering is shared
 
 
+def test_graph_cache_hit_traces_no_graph_program(tmp_path: Path) -> None:
+    """A compiled graph loaded from the graph cache was traced and lowered again in every process. With its
+    program named by graph_ident (the same for the graph Dynamo made and for the graph loaded from the cache,
+    also with views at storage offsets, which a loaded graph does not keep), the second process traces
+    neither the forward nor the backward graph's program, and a third neither."""
+    env = {"CHILD_KIND": "graph", "HF_TPU_COMPILE_CACHE": "1", "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "torch")}
+    cold = run(tmp_path / "cache", **env)
+    assert cold["traces"] == 2 and cold["graph_cache"]["saved"] == 1 and cold["err"] < TOL, cold
+    assert cold["stats"]["unsaveable"] == 0, cold
+    for _ in range(2):
+        warm = run(tmp_path / "cache", **env)
+        assert warm["graph_cache"]["host"]["hits"] == 1, warm  # the graph cache hit, as before
+        assert warm["traces"] == 0 and warm["stats"]["misses"] == 0, warm  # and nothing lowered again
+        assert warm["bits"] == cold["bits"]
+
+
+def test_fused_optimizer_steps_trace_nothing_in_a_second_process(tmp_path: Path) -> None:
+    """The fused AdamW step's chunk programs (optim_lowerings: lists of arrays, traced keyword
+    hyperparameters, donated parameters and states) were traced and lowered in every process; shared, the
+    second process traces none, donates as the first did and gets the same bits."""
+    cold = run(tmp_path / "cache", CHILD_KIND="optim")
+    assert cold["traces"] > 0 and cold["err"] < TOL, cold
+    assert cold["stats"]["saved"] > 0, cold
+    warm = run(tmp_path / "cache", CHILD_KIND="optim")
+    assert warm["traces"] == 0 and warm["stats"]["misses"] == 0 and warm["stats"]["hits"] > 0, warm
+    assert warm["bits"] == cold["bits"] and warm["err"] < TOL
+    assert warm["donated"] == cold["donated"] == [True, True]  # donation survives the executable's trip
+
+
+def _aot_graphs() -> list:
+    """AOTAutograd's forward and backward graphs of the child's _QAHead (traced values: fake tensors)."""
+    import torch
+    from torch._dynamo.backends.common import aot_autograd
+
+    sys.path.insert(0, str(CHILD.parent))
+    try:
+        from executable_cache_child import _QAHead
+    finally:
+        sys.path.pop(0)
+    graphs = []
+
+    def keep(gm, example_inputs):  # noqa: ANN001, ANN202
+        graphs.append(gm)
+        return gm
+
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    f = torch.compile(_QAHead(), backend=aot_autograd(fw_compiler=keep, bw_compiler=keep))
+    f(torch.randn(4, 8, 16)).backward()
+    torch._dynamo.reset()
+    return graphs
+
+
+def test_graph_ident_is_the_same_for_the_saved_graph() -> None:
+    """graph_ident names a graph as Dynamo made it and as the graph cache gives it back (pickled and loaded:
+    meta tensors without storage offsets) alike; it changes with the precision and with a constant."""
+    import torch
+
+    from hf_tpu.compile_cache import serializable
+    from hf_tpu.graph_ident import graph_ident
+
+    graphs = _aot_graphs()
+    assert len(graphs) == 2
+    offsets = [n.meta["val"].storage_offset() for g in graphs for n in g.graph.nodes
+               if isinstance(n.meta.get("val"), torch.Tensor)]
+    assert any(offsets), "no view at a storage offset: the case is not exercised"
+    for gm in graphs:
+        loaded = serializable._load_graph(serializable._dump_graph(gm))
+        assert not any(n.meta["val"].storage_offset() for n in loaded.graph.nodes
+                       if isinstance(n.meta.get("val"), torch.Tensor))  # what the saved graph loses
+        ident = graph_ident(gm, "highest")
+        assert ident is not None and ident == graph_ident(loaded, "highest")
+        assert graph_ident(gm, "high") != ident
+    fw = graphs[0]
+    split = next(n for n in fw.graph.nodes if "split" in str(n.target))
+    split.args = (split.args[0], 2, *split.args[2:])  # another constant: another program
+    assert graph_ident(fw, "highest") != graph_ident(_aot_graphs()[0], "highest")
+
+
 def test_stable_texts() -> None:
     import torch
 
