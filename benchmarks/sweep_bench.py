@@ -79,8 +79,10 @@ def run_config(name: str, zoo: str, extra: list[str], work: Path, caches: dict[s
     summary = phase_summary(out)  # before the retry appends to timings.jsonl
     if retry_timeouts and timeouts:
         t1 = time.monotonic()
+        timeout = extra[extra.index("--timeout"):][:2] if "--timeout" in extra else []
         subprocess.run([sys.executable, "-m", "harness", "sweep", "--resume", "--retry", "timeout", "--out", str(out),
-                        "--jobs", str(jobs), "--progress", "none"], cwd=REPO, env=env, capture_output=True, text=True)
+                        "--jobs", str(jobs), "--progress", "none", *timeout], cwd=REPO, env=env, capture_output=True,
+                       text=True)
         retried.update(retry_s=time.monotonic() - t1, timeouts_after_retry=len(_timeouts(out)),
                        retried_ids=timeouts)
         meta = json.loads((out / "run.json").read_text())
@@ -163,6 +165,10 @@ def main() -> int:
                     help="the union of these shards of N as one sweep (e.g. 1,11,21,31/40: issue 13's sample)")
     ap.add_argument("--retry-timeouts", action="store_true",
                     help="after each configuration, run its timed-out entries again (timed apart)")
+    ap.add_argument("--timeout", type=float, default=None,
+                    help="the sweep's --timeout per entry and phase (default the sweep's, 300 s): on a loaded machine "
+                         "a longer one keeps entries from timing out, whose CPU seconds would be missing from the "
+                         "projection")
     ap.add_argument("--phases", default=None,
                     help="the sweep's --phases (e.g. inference,train: issue 27's target is both phases in 120 min warm)")
     ap.add_argument("--work", default=None, help="keep outputs and caches in this directory")
@@ -198,7 +204,8 @@ def main() -> int:
             ap.error("--shards cannot be combined with --match, --shard or --sample")
         args.match = shards_match(args.zoo, args.shards)
     extra = (["--limit", str(args.limit)] if args.limit else []) + (["--match", args.match] if args.match else []) \
-        + (["--shard", args.shard] if args.shard else []) + (["--phases", args.phases] if args.phases else [])
+        + (["--shard", args.shard] if args.shard else []) + (["--phases", args.phases] if args.phases else []) \
+        + (["--timeout", f"{args.timeout:g}"] if args.timeout else [])
     if args.work:
         work = Path(args.work).resolve()
         work.mkdir(parents=True, exist_ok=True)
