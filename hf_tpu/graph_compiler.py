@@ -214,6 +214,9 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: list[Any], options: 
     from hf_tpu import runtime
 
     jax = runtime.jax()  # installs the persistent-cache listener (counters.py) too
+    # the nodes' lowerings are looked up now: a program is shared only if they are the package's own now
+    # and when it is traced (graph_ident checks then)
+    own = graph_ident.own_lowerings()
     plan = _padded_plan(gm, example_inputs, options)
     if plan is None:
         fn = to_jax_function(gm)
@@ -257,7 +260,7 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: list[Any], options: 
 
             # a whole graph: XLA's default optimisation, never the eager ops' fast compile (xla_options.py);
             # named for the executable cache when it can be (graph_ident.py: a graph cache hit then lowers nothing)
-            ident = None if static or plan is not None or random else graph_ident.graph_ident(gm, prec)
+            ident = None if static or plan is not None or random or not own else graph_ident.graph_ident(gm, prec)
             jitted[prec] = xla_options.jit_full(with_precision, ident=ident, static_argnums=static)
         return jitted[prec]
 

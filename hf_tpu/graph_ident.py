@@ -99,9 +99,14 @@ def _attr_bytes(gm: torch.fx.GraphModule, target: str) -> bytes:
     return head + (cpu.reshape(-1).view(torch.uint8).numpy().tobytes() if cpu.numel() else b"")
 
 
+def own_lowerings() -> bool:
+    """The lowering table is the package's own (no hooks.override_lowerings in force)."""
+    return eager_functional._own_lowerings()
+
+
 def graph_ident(gm: torch.fx.GraphModule, prec: str) -> str | None:
     """The name of `gm`'s program at precision `prec` in every process (module docstring), or None."""
-    if not eager_functional._own_lowerings():
+    if not own_lowerings():
         return None
     h = hashlib.sha256(f"graph-v{VERSION}|{prec}\n".encode())
     index: dict[torch.fx.Node, int] = {}
