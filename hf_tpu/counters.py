@@ -11,9 +11,10 @@ from typing import Any
 _lock = threading.Lock()
 # padded_graphs / static_dynamic_graphs: graphs with dynamic sizes run padded to buckets, or kept static
 # (bounded.py); program_releases: times every compiled executable was dropped to bound the process's memory
-# mappings (program_bound.py)
-_counts = {"graphs": 0, "compilations": 0, "cache_hits": 0, "cache_misses": 0, "padded_graphs": 0,
-           "static_dynamic_graphs": 0, "program_releases": 0}
+# mappings (program_bound.py); compilations: programs a graph got (traced, or loaded from the executable
+# cache), graph_traces: the ones of them traced and lowered here (a warm executable cache traces none)
+_counts = {"graphs": 0, "compilations": 0, "graph_traces": 0, "cache_hits": 0, "cache_misses": 0,
+           "padded_graphs": 0, "static_dynamic_graphs": 0, "program_releases": 0}
 _times = {"aot_s": 0.0, "xla_s": 0.0}
 _listener_installed = False
 

@@ -244,6 +244,10 @@ class Program:
     def _cache_size(self) -> int:
         return sum(j._cache_size() for j, _ in self.variants.values()) + len(self._exes)
 
+    def executables(self) -> int:
+        """Executables this process holds for the program (one per call signature: loaded or compiled)."""
+        return len(self._exes)
+
     def __getattr__(self, name: str) -> Any:
         # `.fast` / `.full`, as on xla_options.jit's routed programs: the variant, counting its executables
         variants = self.__dict__.get("variants", {})

@@ -42,7 +42,8 @@ class _QAHead(torch.nn.Module):
 
 def graph_main() -> None:
     """CHILD_KIND=graph: _QAHead compiled with torch.compile(backend="tpu") through the graph cache, one
-    training step (forward and backward graphs); prints graph programs traced (counters' compilations),
+    training step (forward and backward graphs); prints graph programs traced (counters' graph_traces) and
+    got (compilations: traced or loaded),
     the executable cache's stats, the graph cache's, the largest difference from CPU and a digest of the tpu
     results' bits."""
     from hf_tpu import counters
@@ -60,8 +61,9 @@ def graph_main() -> None:
         res[dev] = [loss.detach().cpu().reshape(1)] + [p.grad.cpu().reshape(-1) for p in m.parameters()]
     err = max(float((a - b).abs().max()) for a, b in zip(res["tpu"], res["cpu"], strict=True))
     bits = hashlib.sha256(b"".join(t.contiguous().numpy().tobytes() for t in res["tpu"])).hexdigest()
-    print(json.dumps({"traces": counters.count("compilations"), "stats": executable_cache.stats(),
-                      "graph_cache": hf_tpu.compile_cache.stats(), "err": err, "bits": bits}))
+    print(json.dumps({"traces": counters.count("graph_traces"), "programs": counters.count("compilations"),
+                      "stats": executable_cache.stats(), "graph_cache": hf_tpu.compile_cache.stats(), "err": err,
+                      "bits": bits}))
 
 
 def optim_main() -> None:

@@ -117,6 +117,7 @@ def test_graph_cache_hit_traces_no_graph_program(tmp_path: Path) -> None:
         warm = run(tmp_path / "cache", **env)
         assert warm["graph_cache"]["host"]["hits"] == 1, warm  # the graph cache hit, as before
         assert warm["traces"] == 0 and warm["stats"]["misses"] == 0, warm  # and nothing lowered again
+        assert warm["programs"] == cold["programs"] == 2  # the compile count still counts the programs
         assert warm["bits"] == cold["bits"]
 
 
