@@ -10,9 +10,10 @@ program per bucket instead: bounded.py.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -52,6 +53,32 @@ def reset_stats() -> None:
     aot_cache.reset_stats()
 
 
+@contextlib.contextmanager
+def _memory_format_without_guards() -> Iterator[None]:
+    """AOTAutograd records each traced tensor's memory format (proxy_tensor.set_meta ->
+    shape_prop._extract_tensor_metadata), and that query guards on backed sizes: a contiguous (2, s) input
+    sliced by a constant, x[:, -2:], is contiguous only when s == 2, so the metadata alone pins a dimension the
+    user marked dynamic and Dynamo raises ConstraintViolationError. XLM hit it: its length crosses a graph
+    break (`.item()`) as a constant, and the resumed frame slices the marked ids by it (CPU with
+    backend="aot_eager" raises the same; backend="eager" does not trace with AOTAutograd). Nothing downstream
+    reads the recorded format (the graph compiler lowers by shapes), so it is asked size-obliviously: recorded
+    when it holds for every size, never guarded."""
+    from torch.fx.experimental import _config
+    from torch.fx.passes import shape_prop
+
+    query = shape_prop.is_contiguous_for_memory_format_or_false
+
+    def oblivious(a: Any, *, memory_format: Any) -> bool:
+        with _config.patch(backed_size_oblivious=True):
+            return query(a, memory_format=memory_format)
+
+    shape_prop.is_contiguous_for_memory_format_or_false = oblivious
+    try:
+        yield
+    finally:
+        shape_prop.is_contiguous_for_memory_format_or_false = query
+
+
 def tpu_backend(gm: torch.fx.GraphModule, example_inputs: list[Any], **kwargs: Any) -> Callable[..., Any]:
     """The Dynamo backend registered as "tpu" (entry point `torch_dynamo_backends`)."""
     import torch._dynamo.config as dconfig
@@ -87,9 +114,10 @@ def tpu_backend(gm: torch.fx.GraphModule, example_inputs: list[Any], **kwargs: A
         # TorchTPU's bucket options reach the graph compiler (bounded dynamism: bounded.py); as there, graphs
         # with dynamic sizes skip AOTAutograd's cache
         compiler = functools.partial(graph_compiler.compile_graph, options=options)
-        return aot_autograd(fw_compiler=compiler, bw_compiler=compiler,
-                            decompositions=graph_compiler.decompositions())(
-            gm, example_inputs, **kwargs
-        )
+        with _memory_format_without_guards() if dynamic else contextlib.nullcontext():
+            return aot_autograd(fw_compiler=compiler, bw_compiler=compiler,
+                                decompositions=graph_compiler.decompositions())(
+                gm, example_inputs, **kwargs
+            )
     finally:
         counters.bump_time("aot_s", time.perf_counter() - start)

@@ -287,6 +287,34 @@ def test_a_program_that_specializes_the_marked_length_raises_as_dynamo_does_on_c
     assert raised["tpu"][0] == "ConstraintViolationError" and "size()[1]" in raised["tpu"][1], raised
 
 
+def test_a_length_passed_through_a_graph_break_does_not_pin_the_marked_dimension(highest) -> None:
+    # XLM: the length crosses a graph break (`.item()`) as a constant, and the resumed frame slices the marked
+    # ids by it, then embeds them. AOTAutograd's memory-format metadata of ids[:, -n:] (contiguous only when
+    # the marked size is n) guarded the marked size to n: ConstraintViolationError at the first marked length
+    # on `tpu` (and on CPU with backend="aot_eager"), none with backend="eager" (no AOTAutograd). Only the
+    # first length: at the next one the resumed frame recompiles with the new constant, and its slice guards
+    # `n <= size`, which breaks the marked minimum while hf-tpu keeps Dynamo's automatic dynamic shapes off
+    # (CPU turns the constant symbolic at that recompile); docs/bounded-dynamism.md
+    torch.manual_seed(0)
+    emb = torch.nn.Embedding(50, 8)
+    emb_tpu = torch.nn.Embedding(50, 8).to("tpu")
+    emb_tpu.load_state_dict(emb.state_dict())
+
+    def resumed(ids, table):
+        n = ids.shape[1]
+        torch._dynamo.graph_break()
+        return table(ids[:, -n:])
+
+    torch._dynamo.reset()
+    compiled = torch.compile(resumed, backend="tpu")
+    with torch.no_grad():
+        for n in (2, 2):
+            ids = torch.randint(0, 50, (2, n))
+            x = ids.to("tpu")  # contiguous: strides (n, 1)
+            torch._dynamo.mark_dynamic(x, 1, min=2, max=64)
+            torch.testing.assert_close(compiled(x, emb_tpu).cpu(), resumed(ids, emb))
+
+
 def _benchmark():
     import importlib.util
     from pathlib import Path
