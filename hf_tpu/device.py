@@ -74,9 +74,11 @@ def _fallback(op: Any, *args: Any, **kwargs: Any) -> Any:
     return _dispatch(op, args, kwargs)
 
 
-# Ops whose composite kernels must keep running for tpu: they move data between devices.
+# Ops whose composite kernels must keep running for tpu: they move data between devices. (`_to_copy` has a
+# kernel of its own, storage_ops.to_copy, which runs a cast on one device itself and calls the composite for
+# the rest.)
 _KEEP_COMPOSITE = {p.__name__ for p in op_registry.mark("keep_composite", (
-    _aten._to_copy, _aten.copy_, _aten.to, _aten.lift_fresh, _aten.lift_fresh_copy, _aten.detach, _aten.alias,
+    _aten.copy_, _aten.to, _aten.lift_fresh, _aten.lift_fresh_copy, _aten.detach, _aten.alias,
     _aten.clone, _aten.contiguous, _aten._local_scalar_dense))}
 
 

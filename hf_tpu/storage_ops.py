@@ -60,6 +60,41 @@ def copy_from(src: torch.Tensor, dst: torch.Tensor, non_blocking: bool = False) 
     return dst
 
 
+# `_to_copy` (`x.to(dtype)`, autocast's casts) between tpu tensors on one device: a dtype conversion, run as a
+# planned functional op (the `_to_copy` lowering, plans.py) instead of PyTorch's composite kernel, which makes
+# an `empty` and then a `copy_` (two trips through the Python fallback, then a cast program with static
+# arguments): a bf16 autocast training step casts every matmul's operands and their gradients, ~500 casts a
+# GPT-2 step. The same cast (float8.cast) either way. Everything else (a move to CPU or another device, pinned
+# memory, sparse layouts, channels-last, a copy without a dtype change, float8 and complex operands) keeps the
+# composite kernel, called as it was.
+DIRECT_TO_COPY = True  # tests and benchmarks switch it to compare with the composite path
+_COMPOSITE = torch._C.DispatchKey.CompositeExplicitAutograd
+_PLAIN_FORMATS = (None, torch.preserve_format, torch.contiguous_format)
+
+
+def _direct_cast(x: torch.Tensor, dtype: Any, layout: Any, device: Any, pin_memory: Any,
+                 memory_format: Any) -> bool:
+    if not DIRECT_TO_COPY or dtype is None or dtype == x.dtype or pin_memory or memory_format not in _PLAIN_FORMATS:
+        return False
+    if layout is not None and layout != torch.strided:
+        return False
+    if device is not None:
+        device = torch.device(device)
+        if device.type != "tpu" or (device.index is not None and device.index != x.device.index):
+            return False
+    return not (dtype in dtypes.FLOAT8 or x.dtype in dtypes.FLOAT8 or dtype.is_complex or x.dtype.is_complex)
+
+
+@lowers(aten._to_copy.default, kind="eager")
+def to_copy(x: torch.Tensor, *, dtype: Any = None, layout: Any = None, device: Any = None, pin_memory: Any = None,
+            non_blocking: bool = False, memory_format: Any = None) -> torch.Tensor:
+    if _direct_cast(x, dtype, layout, device, pin_memory, memory_format):
+        return run_functional(aten._to_copy.default, (x,), {"dtype": dtype})
+    return aten._to_copy.default._op_dk(_COMPOSITE, x, dtype=dtype, layout=layout, device=device,
+                                        pin_memory=pin_memory, non_blocking=non_blocking,
+                                        memory_format=memory_format)
+
+
 def _moved(array: Any, dst: torch.Tensor) -> Any:
     """`array` on tpu device `dst`'s JAX device (a copy when it lives on another)."""
     return runtime.jax().device_put(array, T.jax_device(dst.device.index))
