@@ -60,7 +60,9 @@ def _ids(entry: Any, model: Any, max_len: int, batch: int) -> tuple[torch.Tensor
 
     config = model.config
     vocab = int(getattr(config, "vocab_size", 0) or getattr(config.get_text_config(), "vocab_size", 0))
-    limit = min(max_len, int(getattr(config, "max_position_embeddings", max_len) or max_len))
+    # XLNet has no position table: max_position_embeddings is -1 (the run crashed on a [2, -1] tensor)
+    positions = int(getattr(config, "max_position_embeddings", 0) or 0)
+    limit = min(max_len, positions) if positions > 0 else max_len
     rows = batch
     if rule_for(entry.model_type).inputs is _codebook_rows:  # the family's type, as the zoo looks it up
         rows *= int((getattr(config, "decoder", None) or config).num_codebooks)
