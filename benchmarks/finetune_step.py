@@ -69,6 +69,26 @@ MODELS = {
 }
 
 
+def build(model: str, tiny: bool = False, seq: int = 128, layers: int = 0):  # noqa: ANN201 - a Transformers model
+    """The CPU model of MODELS[model] (with `tiny`, a 2-layer 64-wide GPT-2; `layers`: another depth) in train
+    mode, seeded, with dropout off so that every device's losses are CPU's. The profile and memory scripts
+    build theirs here; CHILD above builds the same model in its own process."""
+    import torch
+    import transformers
+
+    cfg_name, cls_name, kwargs = MODELS["gpt2" if tiny else model]
+    if tiny:
+        kwargs = dict(n_layer=2, n_embd=64, n_head=4, vocab_size=1000, n_positions=seq)
+    if layers:
+        kwargs = {**kwargs, "n_layer" if cfg_name == "GPT2Config" else "num_hidden_layers": layers}
+    torch.manual_seed(0)
+    config = getattr(transformers, cfg_name)(**kwargs)
+    for name in ("resid_pdrop", "embd_pdrop", "attn_pdrop", "attention_dropout"):
+        if hasattr(config, name):
+            setattr(config, name, 0.0)
+    return getattr(transformers, cls_name)(config).train()
+
+
 def run_one(mode: str, args: argparse.Namespace) -> dict | None:
     """The child's figures, or None when it failed (reported, and the other modes still run: on a shared
     machine a mode can be killed for memory another process holds). `args`: batch, seq, warmup, steps,

@@ -139,15 +139,8 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     transformers.utils.logging.set_verbosity_error()
-    cfg_name, cls_name, kwargs = finetune_step.MODELS["gpt2" if args.tiny else args.model]
-    if args.tiny:
-        kwargs = dict(n_layer=2, n_embd=64, n_head=4, vocab_size=1000, n_positions=args.seq)
-    torch.manual_seed(0)
-    config = getattr(transformers, cfg_name)(**kwargs)
-    for name in ("resid_pdrop", "embd_pdrop", "attn_pdrop", "attention_dropout"):
-        if hasattr(config, name):
-            setattr(config, name, 0.0)
-    cpu = getattr(transformers, cls_name)(config).train()
+    cpu = finetune_step.build(args.model, args.tiny, args.seq)
+    config = cpu.config
     tpu = copy.deepcopy(cpu).to("tpu").train()
     opt_c = torch.optim.AdamW(cpu.parameters(), lr=1e-4, fused=True)
     opt_t = torch.optim.AdamW(tpu.parameters(), lr=1e-4, fused=True)

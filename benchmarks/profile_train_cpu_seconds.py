@@ -170,17 +170,8 @@ def main() -> None:
     clock.install_program_timer()  # before the first tpu op makes its program
     torch.set_float32_matmul_precision("highest")
     transformers.utils.logging.set_verbosity_error()
-    cfg_name, cls_name, kwargs = finetune_step.MODELS["gpt2" if args.tiny else args.model]
-    if args.tiny:
-        kwargs = dict(n_layer=2, n_embd=64, n_head=4, vocab_size=1000, n_positions=args.seq)
-    if args.layers:
-        kwargs = {**kwargs, "n_layer" if cfg_name == "GPT2Config" else "num_hidden_layers": args.layers}
-    torch.manual_seed(0)
-    config = getattr(transformers, cfg_name)(**kwargs)
-    for name in ("resid_pdrop", "embd_pdrop", "attn_pdrop", "attention_dropout"):
-        if hasattr(config, name):
-            setattr(config, name, 0.0)
-    cpu = getattr(transformers, cls_name)(config).train()
+    cpu = finetune_step.build(args.model, args.tiny, args.seq, args.layers)
+    config = cpu.config
     tpu = copy.deepcopy(cpu).to("tpu").train()
     sides = {"cpu": (cpu, torch.optim.AdamW(cpu.parameters(), lr=1e-4, fused=True),
                      torch.randint(0, config.vocab_size, (args.batch, args.seq))),

@@ -78,15 +78,8 @@ def main() -> None:
     report("runtime up", dev)
     torch.set_float32_matmul_precision("highest")
     transformers.utils.logging.set_verbosity_error()
-    cfg_name, cls_name, kwargs = finetune_step.MODELS["gpt2" if args.tiny else args.model]
-    if args.tiny:
-        kwargs = dict(n_layer=2, n_embd=64, n_head=4, vocab_size=1000, n_positions=128)
-    torch.manual_seed(0)
-    config = getattr(transformers, cfg_name)(**kwargs)
-    for name in ("resid_pdrop", "embd_pdrop", "attn_pdrop", "attention_dropout"):
-        if hasattr(config, name):
-            setattr(config, name, 0.0)
-    model = getattr(transformers, cls_name)(config).to(dev).train()
+    model = finetune_step.build(args.model, args.tiny).to(dev)
+    config = model.config
     report("model moved", dev)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
     ids = torch.randint(0, config.vocab_size, (4, 128)).to(dev)
