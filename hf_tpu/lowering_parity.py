@@ -372,43 +372,6 @@ lowers(aten.adaptive_max_pool2d.default)(_adaptive_max_pool(2))
 lowers(aten.adaptive_max_pool3d.default)(_adaptive_max_pool(3))
 
 
-@lowers(aten.scatter_reduce.two)
-def _scatter_reduce(x: Any, dim: int, index: Any, src: Any, reduce: str, *, include_self: bool = True) -> Any:
-    """torchax's scatter_reduce, except amin/amax with include_self=False on integers and bool: it first wrote
-    +-inf into the scattered positions, which an integer array cannot hold (the cast gave INT_MIN for amin's
-    +inf, so every reduced position came out INT_MIN). Here the positions get the dtype's extreme instead
-    (a plain scatter), then the reduction includes them."""
-    from hf_tpu.torchax_compat import load_op_table
-
-    jnp = _jax().numpy
-    lowerings, _ = load_op_table()
-    base = (lowerings.get(aten.scatter_reduce.two) or lowerings[aten.scatter_reduce]).func
-    if include_self or reduce not in ("amin", "amax") or jnp.issubdtype(x.dtype, jnp.inexact):
-        return base(x, dim, index, src, reduce, include_self=include_self)
-    if x.dtype == jnp.bool_:
-        extreme = reduce == "amin"
-    else:
-        info = jnp.iinfo(x.dtype)
-        extreme = info.max if reduce == "amin" else info.min
-    seeded = base(x, dim, index, jnp.full(index.shape, extreme, x.dtype), None)  # a plain scatter of the extreme
-    return base(seeded, dim, index, src, reduce, include_self=True)
-
-
-@lowers(aten.index_put.default)
-def _index_put(x: Any, indices: Any, values: Any, accumulate: bool = False) -> Any:
-    """torchax's index_put, except accumulating into bool: CPU adds bools as a logical or (index_add and
-    `t[idx] += v` on bool), where JAX's add refuses bool. Accumulated in int32 (uint8 would wrap at 256
-    duplicates) and compared with zero."""
-    from hf_tpu.torchax_compat import load_op_table
-
-    jnp = _jax().numpy
-    lowerings, _ = load_op_table()
-    base = (lowerings.get(aten.index_put.default) or lowerings[aten.index_put]).func
-    if not (accumulate and x.dtype == jnp.bool_):
-        return base(x, indices, values, accumulate)
-    return base(x.astype(jnp.int32), indices, jnp.asarray(values).astype(jnp.int32), True) != 0
-
-
 def _base(op: Any) -> Callable[..., Any]:
     from hf_tpu.torchax_compat import load_op_table
 

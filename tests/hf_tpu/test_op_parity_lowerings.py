@@ -183,3 +183,32 @@ def test_bool_index_add_and_accumulating_index_put_are_logical_or() -> None:
     op_parity.compare(expected, x.to("tpu").index_put((index.to("tpu"),), src.to("tpu"), accumulate=True))
     n = torch.arange(5.0)
     op_parity.compare(n.index_add(0, index, src.float()), n.to("tpu").index_add(0, index.to("tpu"), src.float().to("tpu")))
+
+
+_BOOL_SCATTERS = {
+    "scatter_add": lambda x, i, s: x.scatter_add(1, i, s),
+    "scatter_reduce_sum": lambda x, i, s: x.scatter_reduce(1, i, s, "sum"),
+    "scatter_reduce_sum_no_self": lambda x, i, s: x.scatter_reduce(1, i, s, "sum", include_self=False),
+    "scatter_reduce_prod": lambda x, i, s: x.scatter_reduce(1, i, s, "prod"),
+    "scatter_reduce_prod_no_self": lambda x, i, s: x.scatter_reduce(1, i, s, "prod", include_self=False),
+    "scatter_add_reduce": lambda x, i, s: x.scatter(1, i, s, reduce="add"),
+    "scatter_multiply_reduce": lambda x, i, s: x.scatter(1, i, s, reduce="multiply"),
+    "scatter_value_add": lambda x, i, s: x.scatter(1, i, True, reduce="add"),
+    "scatter_value_multiply": lambda x, i, s: x.scatter(1, i, False, reduce="multiply"),
+    "masked_index_put_accumulate": lambda x, i, s: torch.ops.aten._unsafe_masked_index_put_accumulate(
+        x, i[:, :3] > 0, [i[:, :3], i[:, 3:]], s[:, :3]),
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.bool, torch.int32], ids=str)
+@pytest.mark.parametrize("name", sorted(_BOOL_SCATTERS))
+def test_accumulating_scatters_on_bool_are_logical(name, dtype) -> None:
+    """CPU adds bools as a logical or and multiplies them as a logical and; JAX's add and multiply refuse bool
+    (each raised TpuOpError). Repeated indices (4 rows into 5 columns, 6 each) and positions never named
+    included; int32 checks the numeric path is unchanged."""
+    torch.manual_seed(0)
+    x = torch.randint(0, 2, (4, 5)).to(dtype)
+    src = torch.randint(0, 2, (4, 7)).to(dtype)
+    index = torch.randint(0, 4, (4, 6))
+    fn = _BOOL_SCATTERS[name]
+    op_parity.compare(fn(x, index, src), fn(x.to("tpu"), index.to("tpu"), src.to("tpu")))
