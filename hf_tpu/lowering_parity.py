@@ -148,8 +148,8 @@ def _as_strided_scatter(x: Any, src: Any, size: Any, stride: Any, storage_offset
 def _polygamma(n: int, x: Any) -> Any:
     """polygamma(n, x) in x's floating dtype (float32 for integers and bool). JAX's is accurate only for x > 0:
     below, x is first shifted up past 0 by the recurrence psi_n(x) = psi_n(x + 1) + (-1)^(n+1) n! / x^(n+1)
-    (PyTorch's Hurwitz-zeta series covers negative x the same way); poles give inf (-inf for digamma at +0),
-    as PyTorch's do."""
+    (PyTorch's Hurwitz-zeta series covers negative x the same way); poles give PyTorch's infinities: -inf
+    for digamma at +0 (NaN below), (-1)^(n+1) inf for n >= 1."""
     import math
 
     jax = _jax()
@@ -174,8 +174,8 @@ def _polygamma(n: int, x: Any) -> Any:
     pole = (x <= 0) & (x == jnp.floor(x))
     if n == 0:
         at_pole = jnp.where(x == 0, jnp.copysign(jnp.asarray(jnp.inf, x.dtype), -x), jnp.nan)
-    else:
-        at_pole = jnp.asarray(jnp.inf, x.dtype)
+    else:  # PyTorch: (-1)^(n+1) n! zeta(n + 1, x), and zeta is +inf at a pole: -inf for even n
+        at_pole = jnp.asarray(jnp.inf if n % 2 else -jnp.inf, x.dtype)
     return jnp.where(pole, at_pole, out)
 
 
