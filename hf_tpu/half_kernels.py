@@ -5,6 +5,7 @@ OPMATH and pointwise rule) nor XLA's half arithmetic gives CPU's bits (found by 
   pow.Tensor_Scalar -> CPU's special exponents (x * x, 1 / sqrt...) and its bfloat16 step-by-step rounding
   logit          -> each step rounded to the half type (a kernel written on Vectorized<Half/BFloat16>)
   rsqrt          -> CPU's vectorised and scalar loops by element position (see _rsqrt)
+  native_layer_norm -> float32 throughout; the saved mean and rstd in CPU's dtype (op_dtypes' lowering_dtypes)
 
 The ops flagged half_as_written here are exempt from lowering.find's float32-throughout pointwise rule.
 """
@@ -161,3 +162,24 @@ def _rsqrt(x: Any) -> Any:
 
 # logit, pow.Tensor_Scalar and rsqrt round their half steps as written above, not float32 throughout
 op_registry.mark("half_as_written", {aten.pow.Tensor_Scalar, aten.rsqrt.default, aten.logit.default})
+
+
+@lowers(aten.native_layer_norm.default)
+def _native_layer_norm(x: Any, normalized_shape: Any, weight: Any = None, bias: Any = None,
+                       eps: float = 1e-5) -> tuple[Any, Any, Any]:
+    """CPU's layer norm on half inputs: statistics and result in float32, the result rounded once to the input's
+    dtype, and the saved mean and rstd to the input's dtype too, or the weight's when they differ (CPU's
+    mixed-type kernel). The meta kernel says float32 statistics (CUDA's), which eager gave for bfloat16 and
+    float16 inputs: a dtype CPU does not give (op_dtypes._LOWERING_DTYPES takes this lowering's instead).
+    CPU's backward reads those rounded statistics, and so does the decomposition here."""
+    from hf_tpu.torchax_compat import load_op_table
+
+    jnp = _jax().numpy
+    table = load_op_table()[0]
+    base = (table.get(aten.native_layer_norm.default) or table[aten.native_layer_norm]).func
+    if x.dtype not in (jnp.bfloat16, jnp.float16):
+        return base(x, normalized_shape, weight, bias, eps)
+    stats = weight.dtype if weight is not None and weight.dtype != x.dtype else x.dtype
+    up = [None if t is None else t.astype(jnp.float32) for t in (x, weight, bias)]
+    out, mean, rstd = base(up[0], normalized_shape, up[1], up[2], eps)
+    return out.astype(x.dtype), mean.astype(stats), rstd.astype(stats)

@@ -279,7 +279,7 @@ def opmath(fn: Callable[..., Any], pointwise: Any = None) -> Callable[..., Any]:
 
 OPMATH = op_registry.mark("opmath", {
     aten.cumsum.default, aten.cumprod.default, aten.logcumsumexp.default, aten.fmod.Tensor, aten.fmod.Scalar,
-    aten.native_layer_norm.default, aten.native_layer_norm_backward.default,
+    aten.native_layer_norm_backward.default,  # (the forward is half_kernels' own: its statistics' dtypes)
     aten.grid_sampler_2d.default, aten.grid_sampler_3d.default, aten.native_group_norm.default,
     aten.native_group_norm_backward.default, aten.polygamma.default,
     # a Python scalar meets a half tensor in CPU's kernels at float32 (x * 2.302585 keeps the scalar's digits;

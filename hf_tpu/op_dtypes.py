@@ -97,10 +97,10 @@ def _wrap_one(x: Any, dt: torch.dtype | None) -> torch.Tensor:
 
 # Ops whose lowerings give CPU's output dtypes where PyTorch's meta kernels do not: batch norm's saved
 # statistics are float32 by the meta kernel, but CPU keeps them in the parameters' dtype (bfloat16 input
-# and parameters give bfloat16 statistics).
+# and parameters give bfloat16 statistics); so are layer norm's (half_kernels._native_layer_norm).
 _LOWERING_DTYPES = op_registry.mark("lowering_dtypes", {
     aten.native_batch_norm.default, aten._native_batch_norm_legit.default, aten._native_batch_norm_legit.no_stats,
-    aten._native_batch_norm_legit_functional.default})
+    aten._native_batch_norm_legit_functional.default, aten.native_layer_norm.default})
 
 
 def wrap_outputs(op: Any, res: Any, args: tuple, kwargs: dict) -> Any:

@@ -117,6 +117,19 @@ def test_polygamma_poles_and_bool(n: int) -> None:
     op_parity.compare(torch.polygamma(n, b), torch.polygamma(n, b.to("tpu")))
 
 
+@pytest.mark.parametrize("weight", [None, "half", torch.float32])
+@pytest.mark.parametrize("dtype", (torch.bfloat16, torch.float16), ids=str)
+def test_native_layer_norm_statistics_dtype(dtype: torch.dtype, weight) -> None:
+    """CPU saves mean and rstd in the input's dtype, or in the weight's when they differ; the meta kernel's
+    float32 statistics (CUDA's) came out on tpu for every half input."""
+    x = _rand((3, 4, 8), dtype)
+    w = None if weight is None else _rand((8,), dtype if weight == "half" else weight, seed=1)
+    b = None if w is None else _rand((8,), w.dtype, seed=2)
+    expected = torch.ops.aten.native_layer_norm(x, [8], w, b, 1e-5)
+    on = [None if t is None else t.to("tpu") for t in (x, w, b)]
+    op_parity.compare(expected, torch.ops.aten.native_layer_norm(on[0], [8], on[1], on[2], 1e-5))
+
+
 def test_sign_of_bool() -> None:
     x = torch.tensor([True, False, True])
     assert torch.equal(torch.sign(x.to("tpu")).cpu(), torch.sign(x))
