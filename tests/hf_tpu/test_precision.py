@@ -103,6 +103,12 @@ def test_compiled_program_follows_precision(precision) -> None:
     torch.testing.assert_close(med, rounded, rtol=1e-6, atol=1e-5)
 
 
+def _p():
+    from hf_tpu import precision as p
+
+    return p
+
+
 def _switches() -> tuple:
     from hf_tpu import precision as p
 
@@ -115,6 +121,11 @@ def test_cpu_reference_pins_float32_and_restores(precision, lower) -> None:
     """Whatever route asked PyTorch for bfloat16 CPU matmuls, the reference is IEEE float32 and the caller's
     settings come back (checked on the switches, so it holds on hosts whose CPU would ignore them)."""
     before = _switches()
+    # every switch this test may move, parents and leaves: restoring only the parents left mkldnn.conv at
+    # "bf16" (a leaf set explicitly wins over its parent), and a later test's CPU conv ran in bfloat16 on
+    # an AMX-BF16 host (test_weight_norm_backward failed after this file in the same worker)
+    paths = ("", "mkldnn", *_p()._SWITCHES)
+    saved = {path: _p()._switch(path).fp32_precision for path in paths if _p()._switch(path) is not None}
     precision("medium")  # the tpu's default, and PyTorch's global
     if lower == "backends-bf16":
         torch.backends.fp32_precision = "bf16"
@@ -134,10 +145,11 @@ def test_cpu_reference_pins_float32_and_restores(precision, lower) -> None:
         assert _switches() == lowered
         assert hf_tpu.get_matmul_precision() == "medium"  # the tpu's own setting is not touched
     finally:
-        torch.backends.fp32_precision = "none"
-        torch.backends.mkldnn.matmul.fp32_precision = "none"
+        for path, value in saved.items():
+            _p()._switch(path).fp32_precision = value
         precision("highest")
     assert _switches()[0] == before[0]
+    assert {path: _p()._switch(path).fp32_precision for path in saved} == saved
 
 
 _BASELINE_CHILD = """
