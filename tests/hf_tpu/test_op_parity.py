@@ -93,3 +93,20 @@ def test_tensor_split_indices_stay_on_cpu() -> None:
     for dtype in (torch.float32, torch.int64):
         backward = None if dtype == torch.int64 else "pass"
         assert op_parity.check(op, dtype, samples=4) == op_parity.Result("pass", backward)
+
+
+@pytest.mark.usefixtures("highest")
+def test_as_strided_of_a_view_compares_the_moved_tensor() -> None:
+    """as_strided.partial_views' inputs are base[5:15] of a 20-element CPU storage, and storage_offset=0 reads
+    the base's first elements on CPU; the tensor moved to tpu owns only its 10 (as on any device). CPU runs the
+    same compact input (op_parity.COMPACT_INPUT): 6 pairs differed by the harness alone. Past the compact
+    storage, both devices raise."""
+    (op,) = [o for o in op_parity.ops() if op_parity.pair_name(o) == "as_strided.partial_views"]
+    for dtype in (torch.float32, torch.int64, torch.complex64):
+        backward = "pass" if dtype == torch.float32 else None
+        assert op_parity.check(op, dtype, samples=3) == op_parity.Result("pass", backward)
+    x = torch.arange(10.0)
+    with pytest.raises(RuntimeError, match="out of bounds"):
+        x.to("tpu").as_strided((2, 2), (1, 2), 10)
+    with pytest.raises(RuntimeError, match="out of bounds"):
+        x.as_strided((2, 2), (1, 2), 10)
