@@ -1,6 +1,6 @@
 """torch.special functions that neither torchax nor PyTorch's decompositions lower: airy_ai,
 scaled_modified_bessel_k0/k1 and spherical_bessel_j0 (PyTorch's reference of spherical_bessel_j0 calls the op
-itself, so its "decomposition" recursed without end).
+itself, so its "decomposition" recursed without end); and zeta, torchax's with CPU's domain.
 
 No JAX function computes these (jax.scipy.special has no Airy function and no exponentially scaled K), so each
 is CPU's kernel (ATen/native/Math.h, from the Cephes library) written with the same coefficient tables,
@@ -196,3 +196,19 @@ def _spherical_bessel_j0(x: Any) -> Any:
     safe = jnp.where(jnp.abs(x) < 0.5, 1.0, x)
     out = jnp.where(jnp.abs(x) < 0.5, poly, jnp.sin(safe) / safe)
     return jnp.where(jnp.isinf(x), 0.0, out).astype(x.dtype)
+
+
+@lowers(aten.special_zeta.default)
+def _zeta(x: Any, q: Any) -> Any:
+    """Hurwitz zeta: torchax's (jax.scipy.special.zeta), with the domain of CPU's Cephes kernel, whose checks run
+    in this order: x == 1 is inf, x < 1 NaN (JAX gave inf at x = 0, q = 0: the OpInfo bool samples), then a
+    non-positive integer q is inf (JAX: NaN for a non-integer x)."""
+    from hf_tpu.torchax_compat import load_op_table
+
+    jnp = _jax().numpy
+    table = load_op_table()[0]
+    out = (table.get(aten.special_zeta.default) or table[aten.special_zeta]).func(x, q)
+    xa, qa = jnp.asarray(x), jnp.asarray(q)
+    inf, nan = jnp.asarray(jnp.inf, out.dtype), jnp.asarray(jnp.nan, out.dtype)
+    out = jnp.where((qa <= 0) & (qa == jnp.floor(qa)), inf, out)
+    return jnp.where(xa == 1, inf, jnp.where(xa < 1, nan, out))

@@ -30,6 +30,16 @@ def test_special_functions_match_cpu_on_every_branch(fn) -> None:
     _close(fn(ints), fn(ints.to("tpu")))
 
 
+def test_zeta_domain_as_cpu() -> None:
+    """CPU's Cephes zeta: x == 1 is inf, x < 1 NaN whatever q (tpu gave inf at x = 0, q = 0: every OpInfo
+    bool sample), a non-positive integer q inf (tpu: NaN for non-integer x); the rest is unchanged."""
+    x = torch.tensor([2.0, 2.0, 2.0, 3.5, 2.5, 0.5, 1.5, -1.0, 2.0, 1.0, 1.0, 0.0, 0.0, 0.0])
+    q = torch.tensor([-1.5, -2.0, 0.5, -1.5, -2.0, 1.0, 1.0, 2.0, -0.0, 1.0, 0.0, 1.0, 0.0, -2.0])
+    _close(torch.special.zeta(x, q), torch.special.zeta(x.to("tpu"), q.to("tpu")))
+    b = torch.tensor([True, False, True, False])
+    _close(torch.special.zeta(b, b.flip(0)), torch.special.zeta(b.to("tpu"), b.flip(0).to("tpu")))
+
+
 @pytest.mark.parametrize("name", ["softshrink", "hardshrink"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_shrink_backward(name, dtype) -> None:
