@@ -34,7 +34,7 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
-from hf_tpu import op_registry
+from hf_tpu import op_registry, xla_options
 from hf_tpu.op_registry import lowers
 
 aten = torch.ops.aten
@@ -255,8 +255,17 @@ def opmath(fn: Callable[..., Any], pointwise: Any = None) -> Callable[..., Any]:
         def up(x: Any) -> Any:
             return x.astype(jnp.float32) if hasattr(x, "shape") and getattr(x, "dtype", None) == half else x
 
+        merge_guard = half == jnp.float16 and xla_options.fuses_half_multiply_adds()
+
         def down(x: Any) -> Any:
-            return x.astype(half) if hasattr(x, "shape") and getattr(x, "dtype", None) == jnp.float32 else x
+            if not (hasattr(x, "shape") and getattr(x, "dtype", None) == jnp.float32):
+                return x
+            if merge_guard:
+                # rounded where XLA:CPU cannot fold it into a float16 FMA (xla_options); reduce_precision
+                # flushes float16's subnormal range, which the select leaves to the plain conversion
+                rounded = _jax().lax.reduce_precision(x, exponent_bits=5, mantissa_bits=10)
+                x = jnp.where(jnp.abs(x) < 2.0 ** -14, x, rounded)
+            return x.astype(half)
 
         if tensor_params:
             import numpy as np

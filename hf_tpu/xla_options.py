@@ -28,6 +28,7 @@ ATen graphs, which are lowered and compiled again on load, so it needs no key of
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Callable
 from typing import Any
@@ -44,6 +45,40 @@ def full_options() -> dict[str, Any] | None:
     added = runtime.fast_compile_flags_added()
     opts = {name: value for name, value in _XLA_DEFAULTS.items() if any(f.startswith(f"--{name}=") for f in added)}
     return opts or None
+
+
+@functools.cache
+def fuses_half_multiply_adds() -> bool:
+    """Whether XLA:CPU on this host merges float16 steps that are each rounded into one float16 fused
+    multiply-add (one rounding) in fully optimised programs. It does where LLVM targets AVX-512 with FP16
+    (measured on an AMX-BF16 Xeon: `1 - x * x` written as three rounded float16 steps came out as one
+    rounding on 31% of elements; a compiled acos's float16 gradient then left OpInfo's tolerance), not on
+    AVX2 hosts, not in fast-compile programs, never for bfloat16. Per-program options cannot stop it, and
+    `--xla_cpu_max_isa=AVX2` for the process slows every program, so the lowerings round float16 through
+    `reduce_precision` where it happens (lowering_parity.opmath), which LLVM cannot merge. A probe, not a
+    CPU-flag test: it follows whatever the installed XLA does. Cached per process (one tiny compile)."""
+    import concurrent.futures
+
+    import numpy as np
+
+    jax = runtime.jax()
+    jnp = jax.numpy
+
+    def steps(x: Any, xp: Any) -> Any:
+        square = (x.astype(xp.float32) * x.astype(xp.float32)).astype(xp.float16)
+        negated = (-square.astype(xp.float32)).astype(xp.float16)
+        return (negated.astype(xp.float32) + 1).astype(xp.float16)
+
+    x = np.asarray([-0.9502], np.float16)
+
+    def probe() -> bool:
+        program = jax.jit(lambda v: steps(v, jnp), compiler_options=full_options())
+        return bool(np.asarray(program(x))[0] != steps(x, np)[0])
+
+    # in a thread of its own: the first float16 op is usually met while a program is being traced, and JAX's
+    # trace state is per thread (a nested jit takes no compiler options)
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(probe).result()
 
 
 def _has_large(args: tuple | list, limit: int) -> bool:

@@ -35,7 +35,7 @@ HF_TPU_LAYERS: list[tuple[str, list[str]]] = [
     ("helpers of the lowerings", ["hf_tpu.torchax_compat", "hf_tpu.rng", "hf_tpu.views", "hf_tpu.lowering_ops",
                                   "hf_tpu.lowering_parity", "hf_tpu.float8", "hf_tpu.random_ops",
                                   "hf_tpu.special_polynomials", "hf_tpu.special_functions", "hf_tpu.margin_loss", "hf_tpu.linalg_lowerings",
-                                  "hf_tpu.unpool",
+                                  "hf_tpu.unpool", "hf_tpu.scatter_ops",
                                   "hf_tpu.segment_reduce",
                                   "hf_tpu.fractional_pool", "hf_tpu.histogram", "hf_tpu.half_kernels", "hf_tpu.batch_norm",
                                   "hf_tpu.topk_ties",
