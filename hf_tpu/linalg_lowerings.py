@@ -1,6 +1,9 @@
 """Linear-algebra ops torchax does not lower (or lowers with missing outputs): `_linalg_det` (torch.linalg.det,
 and its backward's LU), `_linalg_slogdet`, `geqrf`, `ormqr` and `linalg_ldl_solve`.
 
+`_linalg_svd` and `_linalg_eigh` are torchax's with the schema's compute_uv/compute_v flags (and eigh reading only
+its triangle, as LAPACK's syevd); `linalg_pinv` is CPU's algorithm over them.
+
 `_linalg_det`, `geqrf` and `ormqr` are JAX's own factorisations (the LAPACK ones CPU calls: getrf, geqrf,
 ormqr/unmqr). `linalg_ldl_solve` has no JAX counterpart (JAX has no LDL^T, jax-ml/jax#12779), so it is
 LAPACK's sytrs/hetrs written out: it reads the Bunch-Kaufman factors and pivots CPU's `ldl_factor` makes.
@@ -156,3 +159,52 @@ def _ldl_solve(ld: Any, pivots: Any, b: Any, hermitian: bool = False) -> Any:
 
     out = jax.vmap(solve)(ld, piv, rhs)
     return out.reshape(*batch, n, b.shape[-1])
+
+
+@lowers(aten._linalg_svd.default)
+def _linalg_svd(a: Any, full_matrices: bool = False, compute_uv: bool = True, *,
+                driver: str | None = None) -> tuple[Any, Any, Any]:
+    """(U, S, Vh); without compute_uv (svdvals, matrix_rank, the nuclear norm) U and Vh are empty, as CPU's.
+    torchax's took no compute_uv (TypeError for every caller but torch.linalg.svd). `driver` is CUDA's only."""
+    jnp = _jax().numpy
+    if not compute_uv:
+        s = jnp.linalg.svd(a, compute_uv=False)
+        return jnp.zeros((0,), a.dtype), s, jnp.zeros((0,), a.dtype)
+    u, s, vh = jnp.linalg.svd(a, full_matrices=full_matrices)
+    return u, s, vh
+
+
+@lowers(aten._linalg_eigh.default)
+def _linalg_eigh(a: Any, UPLO: str = "L", compute_v: bool = True) -> tuple[Any, Any]:  # noqa: N803 - ATen's name
+    """(eigenvalues, eigenvectors) of a Hermitian matrix read from its `UPLO` triangle only, as LAPACK's syevd
+    (jnp.linalg.eigh symmetrizes by default, (A + A^H) / 2, which differs when A is not Hermitian: the OpInfo
+    samples); without compute_v (eigvalsh, matrix_rank(hermitian=True)) the eigenvectors are empty, as CPU's.
+    torchax's took no compute_v."""
+    jnp = _jax().numpy
+    w, v = jnp.linalg.eigh(a, UPLO=UPLO, symmetrize_input=False)
+    return (w, v) if compute_v else (w, jnp.zeros((0,), a.dtype))
+
+
+@lowers(aten.linalg_pinv.atol_rtol_tensor)
+def _linalg_pinv(a: Any, *, atol: Any = None, rtol: Any = None, hermitian: bool = False) -> Any:
+    """CPU's pinv (BatchLinearAlgebra's linalg_pinv): a Hermitian input through eigh of its lower triangle,
+    |eigenvalues| as singular values (torchax's ignored `hermitian` and `atol`, and took the SVD of the whole
+    matrix: a non-Hermitian sample gave another matrix); tolerance max(atol, rtol * largest), rtol defaulting
+    to eps * max(m, n), or to 0 when only a positive atol is given."""
+    jnp = _jax().numpy
+    real = jnp.finfo(a.dtype).dtype
+    default_rtol = jnp.asarray(jnp.finfo(real).eps * max(a.shape[-2:]), real)
+    if rtol is None:
+        rtol = default_rtol if atol is None else jnp.where(jnp.asarray(atol) > 0, 0, default_rtol).astype(real)
+    atol = jnp.zeros((), real) if atol is None else jnp.asarray(atol, real)
+    rtol = jnp.asarray(rtol, real)
+    if hermitian:
+        s, u = _linalg_eigh(a, "L")
+        s_abs = jnp.abs(s)
+        tol = jnp.maximum(atol[..., None], rtol[..., None] * jnp.max(s_abs, -1, keepdims=True, initial=0))
+        s_inv = jnp.where(s_abs > tol, 1 / s, 0).astype(a.dtype)
+        return jnp.matmul(u * s_inv[..., None, :], jnp.conj(jnp.swapaxes(u, -1, -2)))
+    u, s, vh = _linalg_svd(a, False)
+    tol = jnp.maximum(atol[..., None], rtol[..., None] * s[..., :1])
+    s_inv = jnp.where(s > tol, 1 / s, 0).astype(a.dtype)
+    return jnp.matmul(jnp.conj(jnp.swapaxes(vh, -1, -2)) * s_inv[..., None, :], jnp.conj(jnp.swapaxes(u, -1, -2)))

@@ -222,3 +222,25 @@ def test_accumulating_scatters_on_bool_are_logical(name, dtype) -> None:
     index = torch.randint(0, 4, (4, 6))
     fn = _BOOL_SCATTERS[name]
     op_parity.compare(fn(x, index, src), fn(x.to("tpu"), index.to("tpu"), src.to("tpu")))
+
+
+@pytest.mark.usefixtures("highest")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.complex64], ids=str)
+def test_svd_and_eigh_values_only_triangles_and_pinv(dtype) -> None:
+    """_linalg_svd(compute_uv=False) and _linalg_eigh(compute_v=False) raised (torchax took neither flag:
+    svdvals, matrix_rank, the nuclear norm, cond, eigvalsh); eigh reads only its UPLO triangle (JAX symmetrized
+    a non-Hermitian input first); pinv(hermitian=True) goes through eigh of the lower triangle as CPU's, and
+    honours atol (torchax's took the SVD of the whole matrix)."""
+    torch.manual_seed(0)
+    a = torch.randn(2, 4, 4, dtype=dtype)
+    t = a.to("tpu")
+    _close(torch.linalg.svdvals(a), torch.linalg.svdvals(t))
+    _close(torch.linalg.matrix_norm(a, "nuc"), torch.linalg.matrix_norm(t, "nuc"))
+    for uplo in ("L", "U"):
+        _close(torch.linalg.eigvalsh(a, UPLO=uplo), torch.linalg.eigvalsh(t, UPLO=uplo))
+    low_rank = a[..., :2] @ a[..., :2].mH
+    _close(torch.linalg.matrix_rank(low_rank), torch.linalg.matrix_rank(low_rank.to("tpu")))
+    _close(torch.linalg.matrix_rank(low_rank, hermitian=True),
+           torch.linalg.matrix_rank(low_rank.to("tpu"), hermitian=True))
+    _close(torch.linalg.pinv(a, hermitian=True), torch.linalg.pinv(t, hermitian=True))
+    _close(torch.linalg.pinv(a, atol=0.5), torch.linalg.pinv(t, atol=0.5))
