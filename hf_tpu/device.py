@@ -231,6 +231,11 @@ def register() -> bool:
     _setup_privateuseone_for_python_backend(NAME, backend_module=tpu_api.build(), hook=_Hooks(), device_guard=_Guard())
     _lib = torch.library.Library("_", "IMPL")  # noqa: TOR901 - a backend fallback, held for the process
     _lib.fallback(_fallback, "PrivateUse1")
+    # A sparse CPU tensor moves to tpu (PyTorch builds the sparse tensor from moved dense parts without a
+    # PrivateUse1 op), and then every op on it failed with "Could not run ... from the 'SparseCsrtpu'
+    # backend". These raise the declared-unsupported error instead (docs/device.md).
+    for key in ("SparsePrivateUse1", "SparseCsrPrivateUse1"):
+        _lib.fallback(_sparse_fallback, key)
     # PyTorch's Python dispatcher (used while Dynamo traces with fake tensors) cannot reach a Python
     # *fallback* ("func != nullptr" assert): ops it may send to PrivateUse1 get a per-op kernel too.
     global _aten_lib
@@ -247,6 +252,13 @@ def register() -> bool:
         process_group.register()  # torch.distributed's `tpu_dist` for tpu tensors (gloo on CPU copies)
     _registered = True
     return True
+
+
+def _sparse_fallback(op: Any, *args: Any, **kwargs: Any) -> Any:
+    from hf_tpu.errors import Unsupported
+
+    raise Unsupported(op, "sparse layouts have no XLA representation (tpu tensors are dense, strided)",
+                      "Keep the tensor dense on tpu (x.to_dense() before the move), or run the sparse op on CPU.")
 
 
 def _install_native() -> None:

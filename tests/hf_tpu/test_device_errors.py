@@ -74,9 +74,19 @@ def test_launch_blocking_raises_at_the_op() -> None:
         assert "raised True" in r.stdout
 
 
+def _sparse_moved(x: torch.Tensor) -> torch.Tensor:
+    return x.cpu().to_sparse_csr().to("tpu")
+
+
 @pytest.mark.parametrize("make", [lambda x: x.to_sparse(), lambda x: x.to_sparse_csr(),
-                                  lambda x: torch.view_as_complex(x[:, :2].half())],
-                         ids=["to_sparse", "to_sparse_csr", "view_as_complex_float16"])
+                                  lambda x: torch.view_as_complex(x[:, :2].half()),
+                                  # a sparse CPU tensor moved to tpu: every op on it (it moves without one)
+                                  lambda x: torch.sparse.mm(_sparse_moved(x), x.mT, "sum"),
+                                  lambda x: torch.sparse.sampled_addmm(_sparse_moved(x @ x.mT), x, x.mT),
+                                  lambda x: _sparse_moved(x).to_dense(),
+                                  lambda x: x.cpu().to_sparse().to("tpu")],
+                         ids=["to_sparse", "to_sparse_csr", "view_as_complex_float16", "sparse_mm_reduce",
+                              "sparse_sampled_addmm", "moved_csr_to_dense", "moved_coo"])
 def test_declared_unsupported_ops_name_op_and_alternative(make) -> None:
     """The ops docs/device.md declares unsupported raise errors.Unsupported naming the op, the reason and what
     to do instead, never a wrong dtype or a bare missing-lowering error."""
