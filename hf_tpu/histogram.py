@@ -1,4 +1,5 @@
-"""aten.histogram.bin_ct and .bins_tensor (torch.histogram): no lowering in torchax or PyTorch's decompositions.
+"""aten.histogram.bin_ct and .bins_tensor (torch.histogram), and histogramdd's _histogramdd_bin_edges,
+_histogramdd_from_bin_cts and _histogramdd_from_bin_tensors: no lowering in torchax or PyTorch's decompositions.
 
 As CPU's kernel (ATen/native/Histogram.cpp, cpu/HistogramKernel.cpp): the outer edges are `range` or the
 input's min and max (widened by 0.5 each way when equal), the bins_ct + 1 edges are torch.linspace's (from both
@@ -9,6 +10,7 @@ times the bin width.
 
 from __future__ import annotations
 
+import builtins
 from typing import Any
 
 import torch
@@ -68,3 +70,66 @@ def _count(flat: Any, edges: Any, weight: Any, density: bool) -> tuple[Any, Any]
     if density:
         hist = hist / (jnp.sum(hist) * (edges[1:] - edges[:-1]))
     return hist, edges
+
+
+@lowers(aten._histogramdd_bin_edges.default)
+def _histogramdd_bin_edges(x: Any, bins: Any, *, range: Any = None, weight: Any = None,  # noqa: A002
+                           density: bool = False) -> list[Any]:
+    """torch.histogramdd's edges: per dim of the last axis, `range`'s pair or that column's min and max
+    (widened by 0.5 each way when equal; [0, 1] for an empty input), bins[d] + 1 edges by linspace."""
+    jnp = _jax().numpy
+    n = x.shape[-1]
+    flat = x.reshape(-1, n)
+    if range is not None:
+        lo = jnp.asarray([range[2 * d] for d in builtins.range(n)], jnp.float64)
+        hi = jnp.asarray([range[2 * d + 1] for d in builtins.range(n)], jnp.float64)
+    elif flat.shape[0]:
+        lo, hi = jnp.min(flat, axis=0).astype(jnp.float64), jnp.max(flat, axis=0).astype(jnp.float64)
+    else:
+        lo, hi = jnp.zeros((n,), jnp.float64), jnp.ones((n,), jnp.float64)
+    same = lo == hi
+    lo, hi = jnp.where(same, lo - 0.5, lo), jnp.where(same, hi + 0.5, hi)
+    return [_linspace(lo[d], hi[d], int(bins[d]) + 1, x.dtype) for d in builtins.range(n)]
+
+
+def _count_dd(x: Any, edges: list[Any], weight: Any, density: bool) -> Any:
+    """CPU's histogramdd kernel: per dim an element's bin is the last edge at or below it (the rightmost bin
+    keeps its right edge); an element outside any dim's edges is not counted; density divides by the total,
+    then by each dim's bin lengths in turn."""
+    jnp = _jax().numpy
+    n = len(edges)
+    flat = x.reshape(-1, n)
+    counts = tuple(e.shape[0] - 1 for e in edges)
+    index = jnp.zeros((flat.shape[0],), jnp.int64)
+    inside = jnp.ones((flat.shape[0],), bool)
+    for d, e in enumerate(edges):
+        col = flat[:, d]
+        pos = jnp.searchsorted(e, col, side="right") - 1
+        pos = jnp.where(pos == counts[d], counts[d] - 1, pos)
+        inside = inside & (col >= e[0]) & (col <= e[-1])
+        index = index * counts[d] + pos
+    total = 1
+    for c in counts:
+        total *= c
+    w = jnp.ones((flat.shape[0],), x.dtype) if weight is None else weight.reshape(-1).astype(x.dtype)
+    hist = jnp.zeros((total,), x.dtype).at[jnp.where(inside, index, total)].add(jnp.where(inside, w, 0),
+                                                                              mode="drop")
+    hist = hist.reshape(counts)
+    if density:
+        hist = hist / jnp.sum(hist)
+        for d, e in enumerate(edges):
+            shape = [1] * n
+            shape[d] = counts[d]
+            hist = hist / (e[1:] - e[:-1]).reshape(shape)
+    return hist
+
+
+@lowers(aten._histogramdd_from_bin_cts.default)
+def _histogramdd_from_bin_cts(x: Any, bins: Any, *, range: Any = None, weight: Any = None,  # noqa: A002
+                              density: bool = False) -> Any:
+    return _count_dd(x, _histogramdd_bin_edges(x, bins, range=range), weight, density)
+
+
+@lowers(aten._histogramdd_from_bin_tensors.default)
+def _histogramdd_from_bin_tensors(x: Any, bins: Any, *, weight: Any = None, density: bool = False) -> Any:
+    return _count_dd(x, [b.astype(x.dtype) for b in bins], weight, density)

@@ -244,3 +244,29 @@ def test_svd_and_eigh_values_only_triangles_and_pinv(dtype) -> None:
            torch.linalg.matrix_rank(low_rank.to("tpu"), hermitian=True))
     _close(torch.linalg.pinv(a, hermitian=True), torch.linalg.pinv(t, hermitian=True))
     _close(torch.linalg.pinv(a, atol=0.5), torch.linalg.pinv(t, atol=0.5))
+
+
+@pytest.mark.parametrize("case", ["bins", "range", "weight_density", "edges", "constant_column"])
+def test_histogramdd_matches_cpu(case) -> None:
+    """torch.histogramdd had no lowering (_histogramdd_bin_edges, _from_bin_cts, _from_bin_tensors): edges per
+    dim from the column's min and max (widened when equal) or `range`, the last bin closed, elements outside
+    any dim's edges dropped, weights and density as CPU's kernel."""
+    torch.manual_seed(0)
+    x = torch.randn(40, 3) * 2
+    if case == "constant_column":
+        x[:, 1] = 0.5
+    w = torch.rand(40)
+    kwargs = {"bins": [4, 3, 5]}
+    if case == "range":
+        kwargs["range"] = [-1.0, 1.0, -2.0, 0.5, 0.0, 3.0]
+    if case == "weight_density":
+        kwargs.update(weight=w, density=True)
+    if case == "edges":
+        kwargs["bins"] = [torch.tensor([-3.0, -1.0, 0.0, 2.5]), torch.linspace(-2, 2, 6), torch.tensor([0.0, 1.0])]
+
+    def on(dev):
+        return {k: ([b.to(dev) for b in v] if k == "bins" and case == "edges" else v.to(dev) if k == "weight" else v)
+                for k, v in kwargs.items()}
+
+    expected = torch.histogramdd(x, **kwargs)
+    _close(tuple(expected), tuple(torch.histogramdd(x.to("tpu"), **on("tpu"))))
