@@ -208,3 +208,17 @@ def _linalg_pinv(a: Any, *, atol: Any = None, rtol: Any = None, hermitian: bool 
     tol = jnp.maximum(atol[..., None], rtol[..., None] * s[..., :1])
     s_inv = jnp.where(s > tol, 1 / s, 0).astype(a.dtype)
     return jnp.matmul(jnp.conj(jnp.swapaxes(vh, -1, -2)) * s_inv[..., None, :], jnp.conj(jnp.swapaxes(u, -1, -2)))
+
+
+@lowers(aten.linalg_lstsq.default)
+def _linalg_lstsq(a: Any, b: Any, *args: Any, **kwargs: Any) -> tuple[Any, Any, Any, Any]:
+    """torchax's, with the residuals and singular values in the input's real dtype, as CPU's (torchax made its
+    empty ones in the input dtype: complex64 where CPU gives float32)."""
+    from hf_tpu.torchax_compat import load_op_table
+
+    jnp = _jax().numpy
+    table = load_op_table()[0]
+    base = (table.get(aten.linalg_lstsq.default) or table[aten.linalg_lstsq]).func
+    x, residuals, rank, sv = base(a, b, *args, **kwargs)
+    real = jnp.finfo(a.dtype).dtype
+    return x, jnp.asarray(residuals).astype(real), rank, jnp.asarray(sv).astype(real)

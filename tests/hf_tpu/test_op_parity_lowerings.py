@@ -270,3 +270,15 @@ def test_histogramdd_matches_cpu(case) -> None:
 
     expected = torch.histogramdd(x, **kwargs)
     _close(tuple(expected), tuple(torch.histogramdd(x.to("tpu"), **on("tpu"))))
+
+
+@pytest.mark.usefixtures("highest")
+@pytest.mark.parametrize("driver", [None, "gelsd"])
+def test_lstsq_residuals_are_real_for_complex(driver) -> None:
+    """CPU's residuals and singular values are real for a complex system (tpu gave complex64)."""
+    torch.manual_seed(0)
+    a, b = torch.randn(5, 3, dtype=torch.complex64), torch.randn(5, 2, dtype=torch.complex64)
+    expected = torch.linalg.lstsq(a, b, driver=driver)
+    got = torch.linalg.lstsq(a.to("tpu"), b.to("tpu"), driver=driver)
+    assert [t.dtype for t in got] == [t.dtype for t in expected]
+    _close(expected.solution, got.solution)
