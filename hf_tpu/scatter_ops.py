@@ -1,6 +1,7 @@
 """The scatter and accumulating index_put family on integers and bool: torchax's lowerings (registered here
 with op_registry.lowers) except where its JAX arithmetic has no integer or bool form.
 
+  put                  CPU's put (repeated indices accumulate, complex kept)
   scatter.value_reduce a scalar source broadcast to index's shape first (torchax indexed it as an array)
   scatter_reduce.two   amin/amax with include_self=False seed the positions with the dtype's extreme (torchax
                        wrote +-inf, which an integer cannot hold: every amin came out INT_MIN)
@@ -102,3 +103,20 @@ def _index_put_accumulating(op: Any) -> Callable[..., Any]:
 # decomposition with _unsafe_index_put (which differs only in skipping PyTorch's bounds checks)
 lowers(aten.index_put.default)(_index_put_accumulating(aten.index_put.default))
 lowers(aten._unsafe_index_put.default)(_index_put_accumulating(aten._unsafe_index_put.default))
+
+
+@lowers(aten.put.default)
+def _put(x: Any, index: Any, source: Any, accumulate: bool = False) -> Any:
+    """x.put(index, source, accumulate): x read as its flat storage, negative indices counting from the end.
+    torchax's accumulated into a float32 buffer (a complex source lost its imaginary part) with jnp.put, which
+    keeps one of repeated indices where CPU adds them all; bool accumulates as a logical or."""
+    jnp = _jnp()
+    flat = x.reshape(-1)
+    idx = index.reshape(-1).astype(jnp.int64)
+    idx = jnp.where(idx < 0, idx + flat.shape[0], idx)
+    src = jnp.asarray(source).reshape(-1)
+    if not accumulate:
+        return flat.at[idx].set(src.astype(x.dtype)).reshape(x.shape)
+    if x.dtype == jnp.bool_:
+        return (flat.astype(jnp.int32).at[idx].add(src.astype(jnp.int32)) != 0).reshape(x.shape)
+    return flat.at[idx].add(src.astype(x.dtype)).reshape(x.shape)

@@ -282,3 +282,18 @@ def test_lstsq_residuals_are_real_for_complex(driver) -> None:
     got = torch.linalg.lstsq(a.to("tpu"), b.to("tpu"), driver=driver)
     assert [t.dtype for t in got] == [t.dtype for t in expected]
     _close(expected.solution, got.solution)
+
+
+@pytest.mark.parametrize("dtype", [torch.complex64, torch.float32, torch.int64, torch.bool], ids=str)
+def test_put_accumulates_repeated_indices(dtype) -> None:
+    """put(accumulate=True): repeated and negative indices add up, complex sources keep their imaginary part
+    (torchax's put built a float32 buffer and kept one of repeated indices); bool ORs."""
+    torch.manual_seed(0)
+    x = torch.randn(3, 4, dtype=dtype) if dtype.is_floating_point or dtype.is_complex else \
+        torch.randint(0, 2, (3, 4)).to(dtype)
+    index = torch.tensor([[1, 5, -1], [5, 1, 0]])
+    src = x.flatten()[:6].reshape(2, 3).flip(0)
+    for acc in (True, False):
+        i = index if acc else index[0]
+        s = src if acc else src[0]
+        _close(x.put(i, s, accumulate=acc), x.to("tpu").put(i.to("tpu"), s.to("tpu"), accumulate=acc))
