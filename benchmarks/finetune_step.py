@@ -1,7 +1,7 @@
 """A fine-tuning step at GPT-2 size on tpu (eager and compiled) against CPU eager, side by side in one run.
 
   python benchmarks/finetune_step.py [--steps 5] [--warmup 2] [--rounds 1] [--modes cpu,tpu,tpu-compiled]
-                                     [--batch 4] [--seq 128] [--tiny] [--model gpt2]
+                                     [--batch 4] [--seq 128] [--tiny] [--model gpt2] [--hugetlb]
 
 Each (mode, round) runs in a fresh process: GPT-2 124M built from its default config (or `--model qwen3-wide`:
 eager_bench.py's Qwen3-0.6B-wide 2-layer model; seeded, offline, dropout off) on CPU and moved to the device, AdamW(fused=True), and a training step under `torch.autocast(device, bfloat16)`:
@@ -10,8 +10,11 @@ finished when the clock stops). After `--warmup` steps (the compiled mode traces
 backward programs there, and the fused AdamW program compiles on the first step), `--steps` steps are timed:
 the median step time and its spread (min-max), and the process's peak RSS (build, move and steps included).
 Precision is "highest" for float32 work on every device; the matmuls run in bfloat16 under autocast.
-`--tiny` runs a 2-layer, 64-wide GPT-2 (a smoke test of the script). Targets (issue 25): tpu eager within
-1.5x CPU's step time, compiled faster than CPU eager, peak RSS within 1.3x CPU's.
+`--tiny` runs a 2-layer, 64-wide GPT-2 (a smoke test of the script). `--hugetlb` starts every mode's
+process (CPU's too) with GLIBC_TUNABLES=glibc.malloc.hugetlb=1: glibc's heap and its mmapped blocks on
+transparent huge pages (hf_tpu/host_malloc.py: lower peak RSS, far fewer page faults; only the environment of
+a starting process can ask for it). Targets (issue 25): tpu eager within 1.5x CPU's step time, compiled
+faster than CPU eager, peak RSS within 1.3x CPU's.
 """
 
 from __future__ import annotations
@@ -89,14 +92,19 @@ def build(model: str, tiny: bool = False, seq: int = 128, layers: int = 0):  # n
     return getattr(transformers, cls_name)(config).train()
 
 
+HUGETLB = "glibc.malloc.hugetlb=1"  # glibc >= 2.35; older glibc ignores an unknown tunable
+
+
 def run_one(mode: str, args: argparse.Namespace) -> dict | None:
     """The child's figures, or None when it failed (reported, and the other modes still run: on a shared
     machine a mode can be killed for memory another process holds). `args`: batch, seq, warmup, steps,
     tiny, model."""
     payload = json.dumps([mode, args.batch, args.seq, args.warmup, args.steps, args.tiny,
                           MODELS["gpt2" if args.tiny else getattr(args, "model", "gpt2")]])
-    proc = subprocess.run([sys.executable, "-c", CHILD, payload], capture_output=True, text=True,
-                          env={**os.environ, "TRANSFORMERS_VERBOSITY": "error"})
+    env = {**os.environ, "TRANSFORMERS_VERBOSITY": "error"}
+    if getattr(args, "hugetlb", False):
+        env["GLIBC_TUNABLES"] = ":".join(t for t in (env.get("GLIBC_TUNABLES"), HUGETLB) if t)
+    proc = subprocess.run([sys.executable, "-c", CHILD, payload], capture_output=True, text=True, env=env)
     if proc.returncode != 0:
         why = (f"killed by signal {-proc.returncode}" + (" (SIGKILL: the kernel's out-of-memory killer?)"
                                                           if proc.returncode == -9 else "")
@@ -116,6 +124,7 @@ def main() -> None:
     ap.add_argument("--seq", type=int, default=128)
     ap.add_argument("--tiny", action="store_true")
     ap.add_argument("--model", default="gpt2", choices=sorted(MODELS))
+    ap.add_argument("--hugetlb", action="store_true", help=f"every mode's process with GLIBC_TUNABLES={HUGETLB}")
     args = ap.parse_args()
     modes = args.modes.split(",")
     results: dict[str, list[dict]] = {m: [] for m in modes}
@@ -136,7 +145,7 @@ def main() -> None:
     params = results[modes[0]][0]["params_m"]
     print(f"\nFine-tuning step, {size} ({params:.1f}M params), batch {args.batch} x {args.seq}, AdamW(fused=True), "
           f"bfloat16 autocast; {args.warmup} warm-up + {args.steps} timed steps per process, {args.rounds} "
-          f"process(es) per mode\n")
+          f"process(es) per mode{'; every process with GLIBC_TUNABLES=' + HUGETLB if args.hugetlb else ''}\n")
     print("| mode | step s (median) | spread (min-max) | first step s | peak RSS GB | vs CPU time (rounds min-max) | "
           "vs CPU RSS (rounds min-max) |")
     print("|---|---|---|---|---|---|---|")

@@ -1,6 +1,6 @@
 """Where a training step's host memory goes, phase by phase, on one device (run it once per device).
 
-  python benchmarks/step_memory.py --device {cpu,tpu} [--model gpt2] [--steps 3] [--tiny]
+  python benchmarks/step_memory.py --device {cpu,tpu} [--compiled] [--model gpt2] [--steps 3] [--tiny]
 
 finetune_step.py's step (forward with labels under bfloat16 autocast, backward, AdamW(fused=True) step,
 zero_grad), one process. After each phase it prints the process's RSS and peak RSS (ru_maxrss), the bytes of
@@ -10,6 +10,13 @@ when freed). RSS less those is the libraries and the runtime. In this session's 
 the tpu process's extra ~0.9 GB at the step's peak was ~0.2 GB of JAX/XLA runtime, ~0.7 GB more free heap
 that glibc kept (0.86 against CPU's 0.18 GB: see host_malloc.py's mmap threshold) and ~0.25 GB of other
 allocations (compiled programs, caches). Not a test; RSS does not depend on the machine's load.
+
+`--compiled` runs the forward through torch.compile(backend="tpu") (forward and backward one XLA program
+each). GPT-2 124M (the note of issue 31, session 8): the process peak (3.8 GB) is reached in the backward of
+a steady step, not while compiling (executable cache warm; cold, the first step's compile adds ~0.2 GB).
+Then live JAX arrays are parameters 0.46 + AdamW state 0.93 + the forward's saved activations 0.89 + the
+gradients 0.46 GB, all at once (the compiled backward frees its saved activations only when its one program
+returns, eager frees them layer by layer), and glibc holds ~0.95 GB of free heap beside them.
 """
 
 from __future__ import annotations
@@ -62,6 +69,7 @@ def main() -> None:
     ap.add_argument("--model", default="gpt2")
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--tiny", action="store_true", help="a 2-layer, 64-wide GPT-2 (a smoke test of the script)")
+    ap.add_argument("--compiled", action="store_true", help="the forward through torch.compile(backend='tpu')")
     args = ap.parse_args()
 
     import torch
@@ -83,9 +91,10 @@ def main() -> None:
     report("model moved", dev)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
     ids = torch.randint(0, config.vocab_size, (4, 128)).to(dev)
+    fwd = torch.compile(model, backend="tpu") if args.compiled else model
     for i in range(args.steps):
         with torch.autocast(dev, dtype=torch.bfloat16):
-            loss = model(input_ids=ids, labels=ids).loss
+            loss = fwd(input_ids=ids, labels=ids).loss
         report(f"step {i} forward", dev)
         loss.backward()
         report(f"step {i} backward", dev)

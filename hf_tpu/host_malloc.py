@@ -28,6 +28,16 @@ buffer is then a fresh mapping, faulted in page by page. Measured on a 4-layer G
 autocast, AdamW fused, 4 x 128, one process each, loaded machine): 1 MiB cut peak RSS 2.29 -> 1.98 GB and
 raised the step's CPU-seconds 2.92 -> 4.06 (minor faults 423k -> 736k per step). For a process short of
 memory, not a default.
+
+Transparent huge pages, which only the environment can ask for: GLIBC_TUNABLES=glibc.malloc.hugetlb=1
+(glibc >= 2.35, read when the process starts; no mallopt sets it) makes glibc madvise its heap and its
+mmapped blocks MADV_HUGEPAGE, so a block is faulted in 2 MiB at a time (with the kernel's THP mode
+`madvise` or `always`). Measured on GPT-2 124M's training step (bf16 autocast, AdamW fused, 4 x 128, one
+process each, 5 steps, losses identical; session 8, note of issue 31): tpu compiled peak RSS 3.83 -> 3.58
+GB and minor faults ~150-345k -> under 6k per steady step; CPU PyTorch 2.90 -> 2.86 GB, faults ~260k -> 7k
+and its step's CPU-seconds ~3.2 -> ~2.4 (load-dependent figures). With the 1 MiB threshold as well, tpu
+compiled peaked at 3.51 GB with ~150k faults per step. hf-tpu cannot set it for its own process;
+benchmarks/finetune_step.py --hugetlb runs every mode (CPU too) with it.
 """
 
 from __future__ import annotations
