@@ -2,7 +2,7 @@
 
   OMP_WAIT_POLICY=PASSIVE python benchmarks/profile_train_cpu_seconds.py [--model gpt2] [--steps 3]
                                                                          [--batch 4] [--seq 128] [--layers N]
-                                                                         [--ops N] [--tiny]
+                                                                         [--ops N] [--tiny] [--compiled]
 
 finetune_step.py's step (forward with labels under bfloat16 autocast, backward, AdamW(fused=True) step,
 zero_grad, `loss.item()`) in CPU-seconds (`time.process_time`: the whole process's user+sys, every thread), for
@@ -19,6 +19,10 @@ offline, dropout off, precision "highest"), keeps a CPU and a tpu copy, takes tw
    too and charged to the op being dispatched: its XLA share, the rest of the op's time being dispatch. The
    mode's own cost falls outside the ops; what a phase spends outside every op (autograd's engine, autocast's
    kernels, the module's Python) is the phase's total less its ops'.
+
+`--compiled`: the tpu side's forward goes through torch.compile(backend="tpu") (one XLA program forward, one
+backward); only part 1 runs (a TorchDispatchMode would see the compiled graph's call, not its ops), and the
+XLA programs' share of each phase is printed (graph programs and the optimizer's, timed as they run).
 
 Run with OMP_WAIT_POLICY=PASSIVE: PyTorch's OpenMP threads otherwise spin after each parallel region and
 count as CPU-seconds. Not a test.
@@ -121,6 +125,32 @@ class Clock:
 
         xla_options.jit = jit
 
+    def install_graph_timer(self) -> None:
+        """Time compiled graphs' programs too (graph_compiler's xla_options.jit_full), class "graph"."""
+        from hf_tpu import xla_options
+
+        orig, clock = xla_options.jit_full, self
+
+        def jit_full(fn: Any, ident: str | None = None, **kw: Any) -> Any:
+            prog = orig(fn, ident=ident, **kw)
+
+            def run(*args: Any, **kwargs: Any) -> Any:
+                if clock.side != "tpu":
+                    return prog(*args, **kwargs)
+                t = time.process_time()
+                out = prog(*args, **kwargs)
+                wait(out)
+                clock.xla[(clock.phase, "graph")] += time.process_time() - t
+                clock.programs[(clock.phase, "graph")] += 1
+                return out
+
+            run.executables = getattr(prog, "executables", None)  # type: ignore[attr-defined]
+            if run.executables is None:
+                del run.executables
+            return run
+
+        xla_options.jit_full = jit_full
+
 
 def step(model: Any, opt: Any, ids: Any, device: str, clock: Clock | None = None) -> dict[str, float]:
     """One training step; CPU-seconds per phase."""
@@ -158,6 +188,7 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=0,
                     help="this many layers instead of the config's (two copies of a 12-layer GPT-2 take ~6 GB)")
     ap.add_argument("--ops", type=int, default=0, help="also list each phase's N costliest ops on each side")
+    ap.add_argument("--compiled", action="store_true", help="the tpu forward through torch.compile (part 1 only)")
     args = ap.parse_args()
 
     import torch
@@ -176,15 +207,20 @@ def main() -> None:
     sides = {"cpu": (cpu, torch.optim.AdamW(cpu.parameters(), lr=1e-4, fused=True),
                      torch.randint(0, config.vocab_size, (args.batch, args.seq))),
              "tpu": (tpu, torch.optim.AdamW(tpu.parameters(), lr=1e-4, fused=True), None)}
-    sides["tpu"] = (*sides["tpu"][:2], sides["cpu"][2].to("tpu"))
+    sides["tpu"] = (torch.compile(tpu, backend="tpu") if args.compiled else tpu, sides["tpu"][1],
+                    sides["cpu"][2].to("tpu"))
+    if args.compiled:
+        clock.install_graph_timer()
     for _ in range(2):  # warm-up: compiles, plans, optimizer state
         for side, (m, o, x) in sides.items():
             step(m, o, x, side)
     plain: dict[str, list[dict[str, float]]] = {"cpu": [], "tpu": []}
     for _ in range(args.steps):
         for side, (m, o, x) in sides.items():
-            plain[side].append(step(m, o, x, side))
-    for _ in range(args.steps):
+            clock.side = side if args.compiled else None  # the graph and optimizer programs, timed
+            plain[side].append(step(m, o, x, side, clock))
+            clock.side = None
+    for _ in range(0 if args.compiled else args.steps):
         for side, (m, o, x) in sides.items():
             clock.side = side
             with clock.mode():
@@ -209,6 +245,11 @@ def main() -> None:
         print(f"| {p} | {ms(c)} | {ms(t)} | {statistics.median(t) / statistics.median(c):.2f} |")
     print(f"| step | {ms(total['cpu'])} | {ms(total['tpu'])} | "
           f"{statistics.median(total['tpu']) / statistics.median(total['cpu']):.2f} |")
+    if args.compiled:
+        print("\ntpu XLA programs, CPU-ms per step (mean) by phase: " + ", ".join(
+            f"{p} {sum(v for k, v in clock.xla.items() if k[0] == p) / n * 1e3:.0f} "
+            f"({sum(v for k, v in clock.programs.items() if k[0] == p) / n:.0f} programs)" for p in PHASES))
+        return
 
     print(f"\nUnder the timing mode, CPU-ms per step (mean of {n}); tpu's ops split into XLA programs and the "
           "rest (dispatch); 'outside ops': the phase's time not inside any ATen op\n")
