@@ -12,7 +12,7 @@ the median step time and its spread (min-max), and the process's peak RSS (build
 Precision is "highest" for float32 work on every device; the matmuls run in bfloat16 under autocast.
 `--tiny` runs a 2-layer, 64-wide GPT-2 (a smoke test of the script). `--hugetlb` starts every mode's
 process (CPU's too) with GLIBC_TUNABLES=glibc.malloc.hugetlb=1: glibc's heap and its mmapped blocks on
-transparent huge pages (hf_tpu/host_malloc.py: lower peak RSS, far fewer page faults; only the environment of
+transparent huge pages (hf_tpu/host_malloc.py: ~50x fewer page faults, peak RSS barely moves; only the environment of
 a starting process can ask for it). Targets (issue 25): tpu eager within 1.5x CPU's step time, compiled
 faster than CPU eager, peak RSS within 1.3x CPU's.
 """

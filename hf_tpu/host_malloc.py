@@ -33,10 +33,11 @@ Transparent huge pages, which only the environment can ask for: GLIBC_TUNABLES=g
 (glibc >= 2.35, read when the process starts; no mallopt sets it) makes glibc madvise its heap and its
 mmapped blocks MADV_HUGEPAGE, so a block is faulted in 2 MiB at a time (with the kernel's THP mode
 `madvise` or `always`). Measured on GPT-2 124M's training step (bf16 autocast, AdamW fused, 4 x 128, one
-process each, 5 steps, losses identical; session 8, note of issue 31): tpu compiled peak RSS 3.83 -> 3.58
-GB and minor faults ~150-345k -> under 6k per steady step; CPU PyTorch 2.90 -> 2.86 GB, faults ~260k -> 7k
-and its step's CPU-seconds ~3.2 -> ~2.4 (load-dependent figures). With the 1 MiB threshold as well, tpu
-compiled peaked at 3.51 GB with ~150k faults per step. hf-tpu cannot set it for its own process;
+process each, 5 steps, losses identical; session 8, note of issue 31): the reliable gain is page faults and
+their time: tpu compiled ~120-345k -> under 6k minor faults per steady step (CPU-s/step 3.0-4.0 -> 2.7-3.1),
+tpu eager ~360k -> 8k, CPU PyTorch ~260k -> 7k (CPU-s ~3.2 -> ~2.4; load-dependent figures). Peak RSS
+moved little and not reliably: tpu compiled 3.83, 3.84 GB without, 3.58, 3.79 GB with; eager 3.65 -> 3.64;
+CPU 2.90 -> 2.86. With the 1 MiB threshold as well, tpu compiled peaked at 3.51 GB (one run), ~150k faults. hf-tpu cannot set it for its own process;
 benchmarks/finetune_step.py --hugetlb runs every mode (CPU too) with it.
 """
 
