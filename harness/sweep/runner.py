@@ -232,25 +232,39 @@ def run_train_phase(entry, built, modes: tuple[str, ...], opts: SweepOptions, de
             emit("row", {**base[m], "status": "skipped", "error_message": errors.normalise(why)})
         return
     emit("phase", "train-baseline")
+    fp64, null = None, []
+
+    def reference(step1: dict) -> list[str]:
+        """Run between the baseline's step-1 backward and its optimizer step: the float64 reference, whose own
+        step 1 names the null gradients (train.null_gradients) that neither run then steps."""
+        nonlocal fp64, null
+        if skip_reference:
+            return []
+        emit("phase", "train-reference")
+
+        def nulls(step1_64: dict) -> list[str]:
+            nonlocal null
+            null = train.null_gradients(step1, step1_64)
+            return null
+        try:
+            with cpu_reference(), float64_ops.kernels():
+                fp64 = train.run_steps(built, entry, None, opts.train_steps, torch.float64, opts.seed, rebuild,
+                                       exclude=tol.data_dependent, freeze=nulls)["tensors"]
+        except train.StepError:
+            fp64, null = None, []  # no reference: nothing is known null, and the baseline steps every parameter
+        emit("phase", "train-baseline")
+        return null
+
     try:
-        with emulate.matmul_precision(opts.precision):
-            ref = train.run_steps(built, entry, None, opts.train_steps, dtype, opts.seed, rebuild,
-                                  exclude=tol.data_dependent)["tensors"]
+        ref = train.run_steps(built, entry, None, opts.train_steps, dtype, opts.seed, rebuild,
+                              context=lambda: emulate.matmul_precision(opts.precision),
+                              exclude=tol.data_dependent, freeze=reference)["tensors"]
     except train.StepError as err:
         for m in modes:
             emit("row", {**base[m], "status": "baseline_fail", **errors.error_fields(err.exc), "failed_at": err.stage,
                          "error_message": errors.normalise(f"{err.stage} (cpu): {err.exc}")})
         return
-    fp64 = None
-    if not skip_reference:
-        emit("phase", "train-reference")
-        try:
-            with cpu_reference(), float64_ops.kernels():
-                fp64 = train.run_steps(built, entry, None, opts.train_steps, torch.float64, opts.seed, rebuild,
-                                       exclude=tol.data_dependent)["tensors"]
-        except train.StepError:
-            fp64 = None
-    null = train.null_gradients(ref, fp64)  # float32 noise on both sides: not compared
+    # null gradients are float32 noise on both sides: not compared, and frozen in every run (train.py)
     ref, fp64 = train.without(ref, null), train.without(fp64, null)
     ref_tol = replace(tol, reference=tol.reference * train.REFERENCE_FACTOR)
     # the baseline's final weights as far from float64 as Adam makes of its gradients' rounding do not make

@@ -31,6 +31,10 @@ runs and the status is the backend's:
                 (as a diffusers pipeline): its train rows are `skipped`, not trainable
     nullgrad    a `pass` with attention over its hidden units whose key bias has a zero gradient in exact
                 arithmetic (softmax ignores a shift shared by all keys): its float32 gradient is rounding noise
+    nullmove    `nullgrad` whose loss also follows its key bias's distance from its initial value (an L1 pull
+                towards the initial weights, as fine-tuning regularisers pull towards pretrained ones): zero
+                gradient at the initial weights, yet any move AdamW makes of the noise reaches the later steps'
+                losses (BLIP-2's query tokens); the outputs are scaled up so that the noise is well above AdamW's eps
     zerobias    a `pass` with a zero-initialised bias half of whose elements have a zero gradient in exact
                 arithmetic (they are centred over the batch), the other half a real one: AdamW moves the noisy
                 half by about +-lr per step in directions that differ between CPU and tpu (a norm's bias in a
@@ -51,14 +55,14 @@ from typing import Any
 from harness.zoo.entry import ZooEntry
 
 KINDS = ("pass", "raise", "compile", "abort", "sleep", "oom", "perturb", "baseline", "missing", "slow", "opaque",
-         "stateful", "recompile", "nullgrad", "pipeline", "tracediff", "numpy", "zerobias")
+         "stateful", "recompile", "nullgrad", "pipeline", "tracediff", "numpy", "zerobias", "nullmove")
 DEFAULT_SET = ("pass", "raise", "compile", "abort", "sleep", "oom", "perturb", "baseline", "missing")
 EXPECTED_STATUS = {
     "pass": "pass", "raise": "fail_to_run", "compile": "compile_fail", "abort": "crash", "sleep": "timeout",
     "oom": "oom", "perturb": "fail_accuracy", "baseline": "baseline_fail", "missing": "not_available",
     "slow": "pass", "opaque": "compile_fail", "stateful": "pass",
     "recompile": "pass", "nullgrad": "pass", "pipeline": "pass", "tracediff": "fail_accuracy", "numpy": "pass",
-    "zerobias": "pass",
+    "zerobias": "pass", "nullmove": "pass",
 }
 _SPEC_RE = re.compile(r"^([a-z]+)(?:\*(\d+))?$")
 
@@ -130,8 +134,10 @@ def _make_model(kind: str):
             self.fc2 = nn.Linear(32, 8)
             self._cache = None  # "stateful": not a buffer, so `.to()` does not move it
             self.calls = 0  # "recompile": Dynamo specializes on it (dynamic=False), a new graph each call
-            if kind == "nullgrad":  # created last: the other layers' initial weights are those of `pass`
+            if kind in ("nullgrad", "nullmove"):  # created last: the other layers' initial weights are those of `pass`
                 self.key = nn.Linear(32, 32)
+            if kind == "nullmove":
+                self.register_buffer("key_bias0", self.key.bias.detach().clone())
             if kind == "zerobias":
                 self.mix = nn.Linear(32, 32)
                 nn.init.zeros_(self.mix.bias)
@@ -142,7 +148,7 @@ def _make_model(kind: str):
                 h = torch.cosh(h * 0.1)
             if kind == "opaque":
                 h = _opaque_op()(h)
-            if kind == "nullgrad":  # q.(k + b) = q.k + q.b: the same shift for every key, gone after softmax
+            if kind in ("nullgrad", "nullmove"):  # q.(k + b) = q.k + q.b: one shift for every key, gone after softmax
                 h = torch.softmax(h @ self.key(h).T / 32**0.5, dim=-1) @ h
             if kind == "zerobias":  # centring over the batch removes the bias of the last 16 units exactly
                 z = self.mix(h)
@@ -150,6 +156,8 @@ def _make_model(kind: str):
             out = self.fc2(h)
             if kind == "zerobias":
                 out = out * 100.0  # gradients ~1e2: their float32 noise (~1e-6) is far above AdamW's eps (1e-8)
+            if kind == "nullmove":  # |0|'s gradient is 0: the pull adds nothing to the key bias's gradient at first
+                out = 100.0 * (out + 10.0 * (self.key.bias - self.key_bias0).abs().sum())
             if kind == "recompile":
                 self.calls += 1
                 out = out + 0.0 * self.calls
@@ -223,7 +231,7 @@ def parse_spec(spec: str) -> list[TestEntry]:
             entries.append(TestEntry(
                 id=eid, library="test", model_type=kind, model_class="Tiny",
                 task="test-" + ("regression" if kind in ("pass", "slow", "perturb", "recompile", "nullgrad", "pipeline",
-                                                         "zerobias")
+                                                         "zerobias", "nullmove")
                                 else "failure"),
                 available=kind != "missing", reason="not cached offline (test entry)" if kind == "missing" else "",
                 kind=kind,

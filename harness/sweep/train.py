@@ -21,13 +21,21 @@ data, compared step by step with the numerics rule (harness/sweep/numerics.py).
   float32 rounding noise on CPU and tpu alike, and so are the updates AdamW makes from them (it normalises the
   gradient's size away). Such a parameter, told by its float64 gradient (below NULL_GRADIENT of its float32
   one), has its gradient and final weight left out of the comparison, and the row's message says which.
+  It is also frozen: the optimizer does not step it, in the CPU, float64 and tpu runs alike. Its noise-driven
+  moves (+-lr per element and step, in directions no two runs share) would otherwise reach the losses of steps
+  2 and later wherever the loss depends on its value (BLIP-2's query tokens: zero gradient at the initial
+  weights, 43 parameters, every train row failed on loss.step3 by that noise alone). In exact arithmetic
+  AdamW's update of a zero gradient is zero; freezing drops only its decoupled weight decay (a factor
+  1 - lr * 0.01 per step), the same in every run. To freeze the same parameters before any run steps, the CPU
+  baseline pauses after step 1's backward while the float64 reference runs (runner.run_train_phase), so the
+  two models are held at once. Without a float64 run nothing is known null and nothing is frozen.
 """
 
 from __future__ import annotations
 
 import inspect
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from harness.core import errors
@@ -130,12 +138,16 @@ def _to_cpu(t):
 def run_steps(built: Any, entry: Any, device: str | None, steps: int, dtype: Any = None, seed: int = 0,
               rebuild: Callable | None = None, compile_backend: Any = None, context: Callable | None = None,
               counter: Callable[[], int | None] | None = None, max_extra: int = 0,
-              exclude: tuple[str, ...] = ()) -> dict:
+              exclude: tuple[str, ...] = (), freeze: Sequence[str] | Callable[[dict], Sequence[str]] = ()) -> dict:
     """Train a fresh copy of the entry's model for `steps` steps on `device` (None: CPU). Returns {"tensors":
     named CPU tensors to compare, "times": seconds per step, "counts": compile count after each step,
-    "optimizer": label, "extra_times"/"extra_counts": up to `max_extra` further steps run only while the compile
-    count is not yet stable (warmup, not compared)}. `exclude`: outputs the fixed loss leaves out
-    (scalar_loss). Raises StepError."""
+    "optimizer": label, "frozen": the parameters the optimizer left alone, "extra_times"/"extra_counts": up to
+    `max_extra` further steps run only while the compile count is not yet stable (warmup, not compared)}.
+    `exclude`: outputs the fixed loss leaves out (scalar_loss). `freeze`: parameters the optimizer does not
+    step (null gradients: they still get gradients, which are recorded), or a function of step 1's recorded
+    tensors that names them, called after step 1's backward outside `context` and the timing (the CPU baseline
+    runs the float64 reference there: null_gradients needs both step-1 gradients before either steps).
+    Raises StepError."""
     import contextlib
 
     import torch
@@ -145,7 +157,8 @@ def run_steps(built: Any, entry: Any, device: str | None, steps: int, dtype: Any
     params = [(n, p) for n, p in model.named_parameters() if p.requires_grad and p.is_floating_point()]
     if not params:
         raise StepError("step 1 forward", ValueError("the model has no trainable floating-point parameters"))
-    opt, label = make_optimizer([p for _, p in params], device)
+    frozen: set[str] = set() if callable(freeze) else set(freeze)
+    opt, label = None, ""
     fn = built.call if compile_backend is None else compile_call(built.call, model, compile_backend)
     inputs = train_inputs(entry, model, prepare_inputs(built.inputs, device, dtype))
     out: dict = {}
@@ -153,12 +166,16 @@ def run_steps(built: Any, entry: Any, device: str | None, steps: int, dtype: Any
     ctx = context or contextlib.nullcontext
 
     def one_step(k: int, record: bool) -> None:
+        nonlocal opt, label, frozen
         stage = f"step {k} forward"
-        try:
-            with ctx(), draws.shared_draws(seed):  # a forward's random draws: one seeded CPU stream everywhere
+        with contextlib.ExitStack() as stack:
+            try:
+                stack.enter_context(ctx())
+                stack.enter_context(draws.shared_draws(seed))  # a forward's random draws: one seeded CPU stream
                 torch.manual_seed(seed)
                 t0 = time.perf_counter()
-                opt.zero_grad(set_to_none=True)
+                for _, p in params:  # zero_grad(set_to_none=True) of every parameter, the frozen ones too
+                    p.grad = None
                 loss = scalar_loss(fn(model, inputs), exclude)
                 stage = f"step {k} backward"
                 loss.backward()
@@ -170,13 +187,27 @@ def run_steps(built: Any, entry: Any, device: str | None, steps: int, dtype: Any
                     out["grad_norm.step1"] = torch.stack([g.double().norm() for g in grads.values()]).norm() \
                         if grads else torch.zeros((), dtype=torch.float64)
                     out.update({f"grad.{n}": g for n, g in grads.items()})
-                stage = f"step {k} optimizer"
-                opt.step()
+            except Exception as exc:  # noqa: BLE001
+                raise StepError(stage, exc) from exc
+            gap = 0.0
+            if not label:  # step 1: the optimizer over the parameters not frozen, untimed (as it was before step 1)
+                g0 = time.perf_counter()
+                if callable(freeze):
+                    stack.close()  # the function runs outside this run's contexts (another run's, in float64)
+                    frozen = set(freeze(out))
+                    stack.enter_context(ctx())
+                stepped = [p for n, p in params if n not in frozen]
+                opt, label = make_optimizer(stepped, device) if stepped else (None, "none (every parameter frozen)")
+                gap = time.perf_counter() - g0
+            stage = f"step {k} optimizer"
+            try:
+                if opt is not None:
+                    opt.step()
                 if device is not None:
                     params[0][1].detach().cpu()  # wait for the step (a lazy device runs it here)
-                times.append(time.perf_counter() - t0)
-        except Exception as exc:  # noqa: BLE001
-            raise StepError(stage, exc) from exc
+                times.append(time.perf_counter() - t0 - gap)
+            except Exception as exc:  # noqa: BLE001
+                raise StepError(stage, exc) from exc
         counts.append(counter() if counter else None)
 
     with torch.enable_grad():
@@ -189,7 +220,7 @@ def run_steps(built: Any, entry: Any, device: str | None, steps: int, dtype: Any
             one_step(steps + extra, False)
         if counter and max_extra:
             one_step(steps + extra + 1, False)  # one timed step after warmup: does it recompile?
-    return {"tensors": out, "times": times, "counts": counts, "optimizer": label}
+    return {"tensors": out, "times": times, "counts": counts, "optimizer": label, "frozen": sorted(frozen)}
 
 
 def null_gradients(ref: dict, fp64: dict | None) -> list[str]:
@@ -259,7 +290,7 @@ def run_train(mode: str, built: Any, entry: Any, ref: dict, fp64: dict | None, o
     try:
         got = run_steps(built, entry, device.name, steps, dtype, opts.seed, rebuild, backend, context,
                         counter=lambda: device.stats().get("compilations"), max_extra=perf.MAX_WARMUP,
-                        exclude=tol.data_dependent)
+                        exclude=tol.data_dependent, freeze=null)
     except StepError as err:
         row.update(status=failure_status(err.exc, mode, err.stage.startswith("step 1")),
                    **errors.error_fields(err.exc), failed_at=err.stage)
