@@ -3,7 +3,8 @@ functional ATen (forward and backward), and each graph runs as ONE jitted XLA pr
 
 Shapes are static: JAX compiles again for each new input shape, and the first use of this backend
 turns off Dynamo's automatic dynamic shapes, so `dynamic=None` behaves as `dynamic=False` (pass
-`dynamic=True` to get symbolic shapes; their values then become static arguments of the XLA program).
+`dynamic=True` to get symbolic shapes; their values then become static arguments of the XLA program),
+except in frames whose inputs carry mark_dynamic bounds (bounded_frames.py).
 A dimension marked with `torch._dynamo.mark_dynamic` (with TorchTPU's bounds and bucket options) gets one
 program per bucket instead: bounded.py.
 """
@@ -81,12 +82,12 @@ def _memory_format_without_guards() -> Iterator[None]:
 
 def tpu_backend(gm: torch.fx.GraphModule, example_inputs: list[Any], **kwargs: Any) -> Callable[..., Any]:
     """The Dynamo backend registered as "tpu" (entry point `torch_dynamo_backends`)."""
-    import torch._dynamo.config as dconfig
     from functorch.compile import make_boxed_func  # noqa: F401 - ensures functorch is initialised
     from torch._dynamo.backends.common import aot_autograd
 
-    dconfig.automatic_dynamic_shapes = False  # TPU programs have static shapes
-    from hf_tpu import compile_options
+    from hf_tpu import bounded_frames, compile_options
+
+    bounded_frames.static_shapes_by_default()  # static shapes, but in frames that asked for bounds (XLM)
 
     # torch.compile(options=...) arrives here: TorchTPU's options are checked and used, not passed on to
     # AOTAutograd (which would drop them with a warning)

@@ -307,12 +307,12 @@ def _hook_dynamo_reset() -> None:
 
 def wrap(model: Any, compiled: Any) -> Any:
     """Put the cache in front of `compiled` (what torch.compile returned for `model`)."""
-    import torch._dynamo.config as dconfig
+    from hf_tpu import bounded_frames
 
     _hook_dynamo_reset()
     # as hf_tpu.compile.tpu_backend does on first use (a cache hit never reaches the backend, and
     # aot_compile_fullgraph restores the flag it ran under)
-    dconfig.automatic_dynamic_shapes = False
+    bounded_frames.static_shapes_by_default()
     if isinstance(model, torch.nn.Module) and isinstance(compiled, torch.nn.Module):
         fallback = compiled.forward
         # OptimizedModule calls self.forward from Module.__call__; the cache replaces it, and passes the

@@ -168,11 +168,9 @@ def _make_output_code(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -
 def serializable_backend(gm: torch.fx.GraphModule, example_inputs: list[Any], **kwargs: Any) -> Callable[..., Any]:
     """The tpu backend with a saveable output (for `aot_compile_fullgraph`); same lowering as
     hf_tpu.compile.tpu_backend."""
-    import torch._dynamo.config as dconfig
+    from hf_tpu import bounded_frames, counters
 
-    from hf_tpu import counters
-
-    dconfig.automatic_dynamic_shapes = False
+    bounded_frames.static_shapes_by_default()
     counters.bump("graphs")
     start = time.perf_counter()
     try:

@@ -292,9 +292,7 @@ def test_a_length_passed_through_a_graph_break_does_not_pin_the_marked_dimension
     # ids by it, then embeds them. AOTAutograd's memory-format metadata of ids[:, -n:] (contiguous only when
     # the marked size is n) guarded the marked size to n: ConstraintViolationError at the first marked length
     # on `tpu` (and on CPU with backend="aot_eager"), none with backend="eager" (no AOTAutograd). Only the
-    # first length: at the next one the resumed frame recompiles with the new constant, and its slice guards
-    # `n <= size`, which breaks the marked minimum while hf-tpu keeps Dynamo's automatic dynamic shapes off
-    # (CPU turns the constant symbolic at that recompile); docs/bounded-dynamism.md
+    # first length: the next ones are test_an_int_crossing_a_graph_break_becomes_symbolic_in_a_bounded_frame
     torch.manual_seed(0)
     emb = torch.nn.Embedding(50, 8)
     emb_tpu = torch.nn.Embedding(50, 8).to("tpu")
@@ -313,6 +311,45 @@ def test_a_length_passed_through_a_graph_break_does_not_pin_the_marked_dimension
             x = ids.to("tpu")  # contiguous: strides (n, 1)
             torch._dynamo.mark_dynamic(x, 1, min=2, max=64)
             torch.testing.assert_close(compiled(x, emb_tpu).cpu(), resumed(ids, emb))
+
+
+def _xlm_like(emb_tpu, emb, lengths, mark):
+    def resumed(ids, table):
+        n = ids.shape[1]
+        torch._dynamo.graph_break()
+        return table(ids[:, -n:])
+
+    torch._dynamo.reset()
+    compiled = torch.compile(resumed, backend="tpu")
+    C.reset_stats()
+    with torch.no_grad():
+        for n in lengths:
+            ids = torch.randint(0, 50, (2, n))
+            x = ids.to("tpu")
+            if mark:
+                torch._dynamo.mark_dynamic(x, 1, min=2, max=64)
+            torch.testing.assert_close(compiled(x, emb_tpu).cpu(), resumed(ids, emb))
+    return C.stats()
+
+
+def test_an_int_crossing_a_graph_break_becomes_symbolic_in_a_bounded_frame(highest) -> None:
+    # XLM at its third length: the resumed frame recompiles with the new length as a constant, and the slice
+    # guards `n <= size`, which breaks the marked minimum (ConstraintViolationError) unless the int becomes
+    # symbolic, as CPU's automatic dynamic shapes make it. hf-tpu keeps them off for static-shape users and
+    # turns them on in frames whose inputs carry bounds (bounded_frames.py)
+    import torch._dynamo.config as dconfig
+
+    torch.manual_seed(0)
+    emb = torch.nn.Embedding(50, 8)
+    emb_tpu = torch.nn.Embedding(50, 8).to("tpu")
+    emb_tpu.load_state_dict(emb.state_dict())
+    st = _xlm_like(emb_tpu, emb, (2, 3, 4, 5, 9), mark=True)
+    assert st["padded_graphs"] >= 1, st
+    assert dconfig.automatic_dynamic_shapes is False  # restored after the bounded frames
+    # a static-shape user of the same code: automatic dynamic shapes stay off, one static program per length
+    st = _xlm_like(emb_tpu, emb, (3, 4, 5), mark=False)
+    assert st["padded_graphs"] == 0 and st["static_dynamic_graphs"] == 0, st
+    assert st["compilations"] >= 3, st
 
 
 def test_a_guard_on_a_size_the_graph_does_not_take_keeps_the_graph_padded(highest) -> None:
