@@ -27,7 +27,7 @@ HF_TPU_LAYERS: list[tuple[str, list[str]]] = [
      ["hf_tpu.errors", "hf_tpu.devices", "hf_tpu.dtypes", "hf_tpu.precision", "hf_tpu.compile_options", "hf_tpu.module_moves",
       "hf_tpu.counters", "hf_tpu.memory", "hf_tpu.debug_checks",
       "hf_tpu.no_dynamo", "hf_tpu.autocast", "hf_tpu.process_group",
-      "hf_tpu.bounded_sizes", "hf_tpu.bounded_positions", "hf_tpu.bounded_plan", "hf_tpu.bounded", "hf_tpu.op_registry", "hf_tpu.host_malloc",
+      "hf_tpu.bounded_sizes", "hf_tpu.bounded_positions", "hf_tpu.bounded_plan", "hf_tpu.bounded", "hf_tpu.bounded_frames", "hf_tpu.op_registry", "hf_tpu.host_malloc",
       "hf_tpu.cache_entries"]),
     ("JAX, started on first use", ["hf_tpu.runtime", "hf_tpu.program_bound"]),
     ("per-program XLA compile options; executables shared across processes",
