@@ -183,3 +183,81 @@ def _native_layer_norm(x: Any, normalized_shape: Any, weight: Any = None, bias: 
     up = [None if t is None else t.astype(jnp.float32) for t in (x, weight, bias)]
     out, mean, rstd = base(up[0], normalized_shape, up[1], up[2], eps)
     return out.astype(x.dtype), mean.astype(stats), rstd.astype(stats)
+
+
+def half_rounded(x: Any, half: Any) -> Any:
+    """float32 `x` rounded to the half type `half` and kept in float32: a step of a CPU kernel that rounds each
+    operation (Vectorized<Half/BFloat16> arithmetic). For float16 where XLA:CPU merges rounded steps into one
+    fused multiply-add (xla_options.fuses_half_multiply_adds) the rounding is a reduce_precision, which LLVM
+    cannot merge; the results must not depend on the host. reduce_precision flushes float16's subnormals, so
+    those keep the plain conversion."""
+    from hf_tpu import xla_options
+
+    jax = _jax()
+    jnp = jax.numpy
+    plain = x.astype(half).astype(jnp.float32)
+    if half != jnp.float16 or not xla_options.fuses_half_multiply_adds():
+        return plain
+    guarded = jax.lax.reduce_precision(x, exponent_bits=5, mantissa_bits=10)
+    return jnp.where(jnp.abs(x) < 2.0 ** -14, plain, guarded)
+
+
+def _half_scalar(v: Any, half: Any) -> float:
+    """A Python scalar as CPU's kernels take it for a half tensor (Scalar::to<Half/BFloat16>)."""
+    import numpy as np
+
+    return float(np.asarray(v, dtype=half))
+
+
+@lowers(aten.addr.default)
+def _addr(x: Any, vec1: Any, vec2: Any, *, beta: Any = 1, alpha: Any = 1) -> Any:
+    """CPU's addr kernel, `beta * self + alpha * vec1 * vec2` evaluated left to right in the result's dtype
+    (each step of a half type rounded to it: Vectorized<Half/BFloat16>), self ignored when beta is 0, and for
+    bool `(beta && self) || (alpha && vec1 && vec2)`. PyTorch's decomposition (torch._refs.addr) computes the
+    outer product first and, for half types, XLA evaluated it in float32 and rounded once: 1 float16 ulp off."""
+    jnp = _jax().numpy
+    dtype = jnp.result_type(x, vec1, vec2)
+    x, col, row = x.astype(dtype), vec1.astype(dtype)[:, None], vec2.astype(dtype)[None, :]
+    shape = jnp.broadcast_shapes(x.shape, (col.shape[0], row.shape[1]))
+    if dtype == jnp.bool_:
+        prod = bool(alpha) & col & row
+        out = prod | (x & True) if bool(beta) else prod
+    elif dtype in (jnp.bfloat16, jnp.float16):
+        f32 = jnp.float32
+        a, b = _half_scalar(alpha, dtype), _half_scalar(beta, dtype)
+        prod = half_rounded(half_rounded(a * col.astype(f32), dtype) * row.astype(f32), dtype)
+        out = prod if b == 0 else half_rounded(half_rounded(b * x.astype(f32), dtype) + prod, dtype)
+        out = out.astype(dtype)
+    else:
+        a, b = jnp.asarray(alpha, dtype), jnp.asarray(beta, dtype)
+        prod = a * col * row
+        out = prod if beta == 0 else b * x + prod
+    return jnp.broadcast_to(out, shape)
+
+
+@lowers(aten.addbmm.default)
+def _addbmm(x: Any, batch1: Any, batch2: Any, *, beta: Any = 1, alpha: Any = 1) -> Any:
+    """CPU's addbmm: one addmm_ per batch into the result (addbmm_impl_: beta for the first, 1 after), so a
+    half-typed result is rounded after every batch, each addmm computing beta * c + alpha * (b1[i] @ b2[i])
+    in float32 and rounding once. torchax summed all batches in one einsum, rounded once (float16: 3-7 of 50
+    elements outside tolerance). Other dtypes: the same sequence without roundings to a narrower type."""
+    jax = _jax()
+    jnp = jax.numpy
+    dtype = jnp.result_type(x, batch1, batch2)
+    half = dtype in (jnp.bfloat16, jnp.float16)
+    wide = jnp.float32 if half else dtype
+    shape = (batch1.shape[1], batch2.shape[2])
+    c = jnp.zeros(shape, wide) if beta == 0 else jnp.broadcast_to(
+        jnp.asarray(beta, wide) * x.astype(wide), shape)
+    if batch1.shape[0] == 0:
+        return c.astype(dtype)
+    prods = jnp.einsum("bxy,byz->bxz", batch1.astype(wide), batch2.astype(wide),
+                       precision=jax.lax.Precision.HIGHEST)
+    a = jnp.asarray(alpha, wide)
+
+    def step(acc: Any, p: Any) -> tuple[Any, None]:
+        nxt = acc + a * p
+        return (half_rounded(nxt, dtype) if half else nxt), None
+
+    first = step(c, prods[0])[0]
+    return jax.lax.scan(step, first, prods[1:])[0].astype(dtype)

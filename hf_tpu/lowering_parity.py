@@ -301,6 +301,10 @@ OPMATH = op_registry.mark("opmath", {
     # into half-typed mul/div/add with the scalar value rounded to the half type (addcmul f16: 995 of 1000
     # elements off, compiled only). As OPMATH ops they have a lowering, so graphs keep them whole too.
     aten.addcmul.default, aten.addcdiv.default,
+    # CPU's half gemm computes beta * self + alpha * (mat1 @ mat2) in float32 and rounds once; torchax rounded
+    # the product, then added in float16 (addmm f16 with alpha = beta = 1: 1 of 9 elements 2 ulps off).
+    # bfloat16 operands take precision.wide_accumulation_matmul, which rounds once as well.
+    aten.addmm.default,
 })
 
 

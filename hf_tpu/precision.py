@@ -286,12 +286,11 @@ def wide_accumulation_matmul(op_name: str, args: tuple, kwargs: dict) -> Any:
     prod = _canonical_dot(x, y)
     if prod is None:
         prod = jnp.matmul(x, y, preferred_element_type=jnp.float32)
-    prod = prod.astype(bf16)
     if bias is None:
-        return prod
+        return prod.astype(bf16)
     if getattr(bias, "dtype", None) != bf16:
         return None
-    # torchax's addmm, term by term in bfloat16, so the result is the one it gives
-    alpha = jnp.array(kwargs.get("alpha", 1.0)).astype(bf16)
-    beta = jnp.array(kwargs.get("beta", 1.0)).astype(bf16)
-    return bias * beta + alpha * prod
+    # CPU's addmm: beta * self + alpha * product in float32, rounded once (its gemm's epilogue)
+    alpha, beta = kwargs.get("alpha", 1.0), kwargs.get("beta", 1.0)
+    out = alpha * prod if beta == 0 else beta * bias.astype(jnp.float32) + alpha * prod
+    return out.astype(bf16)

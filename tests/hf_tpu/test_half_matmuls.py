@@ -1,0 +1,49 @@
+"""addmm, addbmm and addr on bfloat16/float16 round where CPU's kernels round (half_kernels, lowering_parity's
+OPMATH; issue 26): addmm once after beta * self + alpha * product in float32, addbmm after every batch, addr
+after every step of `beta * self + alpha * vec1 * vec2`. Inputs are larger than OpInfo's samples, with CPU's
+result compared at OpInfo's tolerances (op_parity.compare) and, for the elementwise addr, bit for bit."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import op_parity
+
+HALF = (torch.bfloat16, torch.float16)
+
+
+def _randn(*shape: int, seed: int, dtype: torch.dtype) -> torch.Tensor:
+    return (torch.randn(*shape, generator=torch.Generator().manual_seed(seed)) * 3).to(dtype)
+
+
+def _both(fn, *tensors: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return fn(*tensors), fn(*(t.to("tpu") for t in tensors)).cpu()
+
+
+@pytest.mark.parametrize("dtype", HALF, ids=str)
+@pytest.mark.parametrize("beta,alpha", [(1, 1), (0.5, 2), (0, 1)])
+def test_addmm_rounds_once(highest, dtype: torch.dtype, beta: float, alpha: float) -> None:
+    m, a, b = _randn(40, 30, seed=0, dtype=dtype), _randn(40, 6, seed=1, dtype=dtype), _randn(6, 30, seed=2, dtype=dtype)
+    op_parity.compare(*_both(lambda m, a, b: torch.addmm(m, a, b, beta=beta, alpha=alpha), m, a, b))
+
+
+@pytest.mark.parametrize("dtype", HALF, ids=str)
+@pytest.mark.parametrize("beta,alpha", [(1, 1), (0.5, 2), (0, 1)])
+def test_addbmm_rounds_after_each_batch(highest, dtype: torch.dtype, beta: float, alpha: float) -> None:
+    m, a, b = (_randn(12, 20, seed=0, dtype=dtype), _randn(9, 12, 5, seed=1, dtype=dtype),
+               _randn(9, 5, 20, seed=2, dtype=dtype))
+    op_parity.compare(*_both(lambda m, a, b: torch.addbmm(m, a, b, beta=beta, alpha=alpha), m, a, b))
+
+
+@pytest.mark.parametrize("dtype", [*HALF, torch.float32, torch.int64, torch.bool], ids=str)
+@pytest.mark.parametrize("beta,alpha", [(1, 1), (0.5, 3), (0, 1)])
+def test_addr_steps_as_cpu(dtype: torch.dtype, beta: float, alpha: float) -> None:
+    if dtype in (torch.int64, torch.bool):
+        beta, alpha = (bool(beta), bool(alpha)) if dtype == torch.bool else (int(beta * 2), alpha)
+    m, a, b = _randn(1, 300, seed=0, dtype=dtype), _randn(200, seed=1, dtype=dtype), _randn(300, seed=2, dtype=dtype)
+    expected, actual = _both(lambda m, a, b: torch.addr(m, a, b, beta=beta, alpha=alpha), m, a, b)
+    if dtype == torch.float32:  # CPU's build may contract float32 steps into FMAs; no rounding to a half type
+        op_parity.compare(expected, actual)
+    else:
+        assert torch.equal(expected, actual)
