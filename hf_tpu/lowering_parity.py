@@ -252,9 +252,6 @@ def opmath(fn: Callable[..., Any], pointwise: Any = None) -> Callable[..., Any]:
             # (_softmax_backward_data's input_dtype) keeps the rounding to it.
             return fn(*args, **kwargs)
 
-        def up(x: Any) -> Any:
-            return x.astype(jnp.float32) if hasattr(x, "shape") and getattr(x, "dtype", None) == half else x
-
         merge_guard = half == jnp.float16 and xla_options.fuses_half_multiply_adds()
 
         def down(x: Any) -> Any:
@@ -280,6 +277,16 @@ def opmath(fn: Callable[..., Any], pointwise: Any = None) -> Callable[..., Any]:
             args = tuple(rounded(a, np.float32) if i == 1 and keep else
                          rounded(a) if any(i == j for j, _ in tensor_params) else a for i, a in enumerate(args))
             kwargs = {k: rounded(v) if any(k == n for _, n in tensor_params) else v for k, v in kwargs.items()}
+        # a dtype argument naming the half type itself (vector_norm(x, dtype=float16), as torch.masked calls
+        # it) would make the lowering cast its float32 operands back to float16 and accumulate there (a norm
+        # 1 ulp off CPU's); it computes in float32 like the rest and the result is rounded once below
+        half_name = f"torch.{jnp.dtype(half).name}"
+
+        def up(x: Any) -> Any:
+            if isinstance(x, torch.dtype):
+                return torch.float32 if str(x) == half_name else x
+            return x.astype(jnp.float32) if hasattr(x, "shape") and getattr(x, "dtype", None) == half else x
+
         args, kwargs = pytree.tree_map(up, (args, kwargs))
         return pytree.tree_map(down, fn(*args, **kwargs))
 
@@ -305,6 +312,9 @@ OPMATH = op_registry.mark("opmath", {
     # the product, then added in float16 (addmm f16 with alpha = beta = 1: 1 of 9 elements 2 ulps off).
     # bfloat16 operands take precision.wide_accumulation_matmul, which rounds once as well.
     aten.addmm.default,
+    # CPU's norm kernels accumulate |x|^p for half inputs in float32 (acc_type) and round the root once; torchax
+    # raised to the power in float16, which overflows for p > 2 (dist(p=4), vector_norm(ord=6) of 8.5: inf)
+    aten.linalg_vector_norm.default, aten.dist.default,
 })
 
 
