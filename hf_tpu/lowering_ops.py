@@ -151,6 +151,20 @@ def _gru_cell_backward(grad_hy: Any, workspace: Any, has_bias: bool) -> tuple[An
     return gi, gh, grad_hy * z, gi.sum(axis=0), gh.sum(axis=0)
 
 
+def _fbgemm_round(x: Any, half: Any) -> Any:
+    """float32 `x` rounded to `half` as fbgemm writes its float32 sums (returned as float32): float16 to
+    nearest even, bfloat16 to nearest with ties away from zero (it adds half a bfloat16 ulp to the bits and
+    truncates: an OpInfo bag summing exactly to a half-way point, 0.689453125, came out 0.69140625 on CPU)."""
+    import jax
+
+    jnp = _jnp()
+    if half != jnp.bfloat16:
+        return x.astype(half).astype(jnp.float32)
+    bits = jax.lax.bitcast_convert_type(x, jnp.uint32)
+    away = jax.lax.bitcast_convert_type((bits + jnp.uint32(0x8000)) & jnp.uint32(0xFFFF0000), jnp.float32)
+    return jnp.where(jnp.isnan(x), x.astype(half).astype(jnp.float32), away)
+
+
 @lowers(aten._embedding_bag.default)
 def _embedding_bag(weight: Any, indices: Any, offsets: Any, scale_grad_by_freq: bool = False, mode: int = 0,
                    sparse: bool = False, per_sample_weights: Any = None, include_last_offset: bool = False,
@@ -168,7 +182,11 @@ def _embedding_bag(weight: Any, indices: Any, offsets: Any, scale_grad_by_freq: 
     valid = indices != padding_idx if padding_idx >= 0 else jnp.ones((n,), bool)
     valid = valid & (bag_of >= 0)
     seg = jnp.where(valid, bag_of, bags)  # an extra segment collects what no bag counts (padding)
-    rows = weight[indices]
+    # half types as CPU's kernel (fbgemm's EmbeddingSpMDM): each bag's (weighted) rows summed in float32 and
+    # rounded once, and a mean that sum, rounded, divided by the count and rounded again (bit-equal on
+    # bfloat16 and float16; segment sums in the half type put 2 of 10 OpInfo elements outside tolerance)
+    half = weight.dtype if weight.dtype in (jnp.bfloat16, jnp.float16) else None
+    rows = weight[indices] if half is None else weight[indices].astype(jnp.float32)
     if per_sample_weights is not None:
         rows = rows * per_sample_weights[:, None].astype(rows.dtype)
     count = jax.ops.segment_sum(valid.astype(jnp.int64), seg, num_segments=bags + 1)[:bags]
@@ -187,6 +205,11 @@ def _embedding_bag(weight: Any, indices: Any, offsets: Any, scale_grad_by_freq: 
         return out, offset2bag, count, max_idx
     rows = jnp.where(valid[:, None], rows, 0)
     out = jax.ops.segment_sum(rows, seg, num_segments=bags + 1)[:bags]
+    if half is not None:
+        out = _fbgemm_round(out, half)
+    if half is not None and mode == 1:  # divided in float64: XLA makes x / broadcast(n) x * (1 / n), inexact
+        out = (out.astype(jnp.float64) / jnp.maximum(count, 1)[:, None]).astype(jnp.float32)
+        return out.astype(half), offset2bag, count, count
     if mode == 1:  # mean
         out = out / jnp.maximum(count, 1)[:, None].astype(out.dtype)
         return out.astype(weight.dtype), offset2bag, count, count

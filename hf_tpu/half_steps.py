@@ -1,0 +1,135 @@
+"""Lowerings of ops whose CPU kernels compute bfloat16/float16 inputs step by step in the half type itself
+(c10::Half / c10::BFloat16 scalar arithmetic: every operation rounded), where lowering_parity's float32
+evaluation rounds once and so differs from CPU (found by tests/hf_tpu/op_parity.py, issue 26):
+
+  _adaptive_avg_pool3d -> adaptive_avg_pool3d_out_frame: each window summed in the half type in (t, h, w)
+                          order, then divided by kT, kH and kW in turn, each quotient rounded
+  soft_margin_loss     -> neg_out(input).mul_(target).exp_().log1p_() on half tensors, then the reduction
+
+Other dtypes keep torchax's lowering or PyTorch's decomposition.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from hf_tpu.half_kernels import half_rounded
+from hf_tpu.op_registry import lowers
+
+aten = torch.ops.aten
+
+
+def _jax() -> Any:
+    from hf_tpu import runtime
+
+    return runtime.jax()
+
+
+def _windows(out_size: int, in_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """Adaptive pooling's windows along one dim: (out_size, k_max) input positions (0 where padded) and the
+    (out_size,) window lengths; start floor(o * in / out), end ceil((o + 1) * in / out), as CPU's kernel."""
+    o = np.arange(out_size)
+    start = (o * in_size) // out_size
+    end = -(-((o + 1) * in_size) // out_size)
+    length = end - start
+    k = int(length.max()) if out_size else 0
+    pos = start[:, None] + np.arange(k)[None, :]
+    return np.where(np.arange(k)[None, :] < length[:, None], pos, 0), length
+
+
+def _base(op: Any) -> Any:
+    from hf_tpu.torchax_compat import load_op_table
+
+    table = load_op_table()[0]
+    return (table.get(op) or table[op.overloadpacket]).func
+
+
+@lowers(aten._adaptive_avg_pool3d.default)
+def _adaptive_avg_pool3d(x: Any, output_size: Any) -> Any:
+    """CPU's adaptive_avg_pool3d for half inputs (adaptive_avg_pool3d_out_frame, `scalar_t sum` += each element,
+    then `sum / kT / kH / kW`): the window's elements added one at a time in (t, h, w) order, each sum rounded
+    to the half type (a padded element adds an exact 0), then three divisions, each rounded; bit-equal to CPU
+    where float32 accumulation put 199 of 1,120 float16 elements outside tolerance. Padded (absent) window
+    positions are gathered as position 0 and zeroed."""
+    jax = _jax()
+    jnp = jax.numpy
+    if x.dtype not in (jnp.bfloat16, jnp.float16) or x.size == 0:
+        return _base(aten._adaptive_avg_pool3d.default)(x, output_size)
+    half, f32 = x.dtype, jnp.float32
+    sizes = [int(s) for s in output_size]
+    dims = [_windows(o, i) for o, i in zip(sizes, x.shape[-3:])]
+    (tp, tl), (hp, hl), (wp, wl) = dims
+    kt, kh, kw = tp.shape[1], hp.shape[1], wp.shape[1]
+    # (..., oT, kT, oH, kH, oW, kW) by gathering each spatial dim in turn
+    g = jnp.take(x.astype(f32), jnp.asarray(tp.reshape(-1)), axis=-3).reshape(*x.shape[:-3], sizes[0], kt, *x.shape[-2:])
+    g = jnp.take(g, jnp.asarray(hp.reshape(-1)), axis=-2).reshape(*g.shape[:-2], sizes[1], kh, x.shape[-1])
+    g = jnp.take(g, jnp.asarray(wp.reshape(-1)), axis=-1).reshape(*g.shape[:-1], sizes[2], kw)
+    valid = ((np.arange(kt)[None, :] < tl[:, None])[:, :, None, None, None, None]
+             & (np.arange(kh)[None, :] < hl[:, None])[None, None, :, :, None, None]
+             & (np.arange(kw)[None, :] < wl[:, None])[None, None, None, None, :, :])
+    g = jnp.where(jnp.asarray(valid), g, 0.0)
+    lead = g.ndim - 6
+    # window elements first, in CPU's (t, h, w) order; outputs (oT, oH, oW) after
+    g = jnp.transpose(g, (lead + 1, lead + 3, lead + 5, *range(lead), lead, lead + 2, lead + 4))
+    g = g.reshape(kt * kh * kw, *g.shape[3:])
+
+    def add(total: Any, v: Any) -> tuple[Any, None]:
+        return half_rounded(total + v, half), None
+
+    total = jax.lax.scan(add, jnp.zeros(g.shape[1:], f32), g)[0]
+    for length, shape in ((tl, (-1, 1, 1)), (hl, (1, -1, 1)), (wl, (1, 1, -1))):
+        # a float32 quotient of two half values, rounded to the half type (c10::Half's operator/); divided in
+        # float64 so that XLA cannot turn it into a multiplication by the reciprocal
+        q = total.astype(jnp.float64) / jnp.asarray(length.reshape(shape), jnp.float64)
+        total = half_rounded(q.astype(f32), half)
+    return total.astype(half)
+
+
+@lowers(aten.soft_margin_loss.default)
+def _soft_margin_loss(x: Any, target: Any, reduction: int = 1) -> Any:
+    """CPU's soft_margin_loss: `neg_out(output, input).mul_(target).exp_().log1p_()`, each in-place step on a
+    tensor of the result's dtype, so for half inputs every step rounded (exp overflows to inf in float16 as on
+    CPU; PyTorch's decomposition computes in float32 and gave 7.64 where CPU gives inf), then the mean or sum
+    as CPU's reductions (float32 accumulation, rounded once)."""
+    jnp = _jax().numpy
+    dtype = jnp.result_type(x, target)
+    half = dtype in (jnp.bfloat16, jnp.float16)
+    acc = jnp.float32 if half else dtype
+    if half:
+        prod = half_rounded(-x.astype(acc) * target.astype(acc), dtype)
+        loss = half_rounded(jnp.log1p(half_rounded(jnp.exp(prod), dtype)), dtype)
+    else:
+        loss = jnp.log1p(jnp.exp(-x.astype(dtype) * target.astype(dtype)))
+    if reduction == 0:
+        return loss.astype(dtype)
+    total = jnp.sum(loss.astype(acc))
+    if reduction == 1:  # CPU's mean: the sum divided by the count, correctly rounded in the accumulation type
+        total = (total.astype(jnp.float64) / loss.size).astype(acc) if loss.size else jnp.asarray(jnp.nan, acc)
+    return total.astype(dtype)
+
+
+@lowers(aten.soft_margin_loss_backward.default)
+def _soft_margin_loss_backward(grad: Any, x: Any, target: Any, reduction: int) -> Any:
+    """CPU's soft_margin_loss_backward: z = exp(-target * input), then -norm * target * z / (1 + z) *
+    grad_output left to right (norm = 1 / numel for the mean, a double the half kernels take as float32),
+    each step rounded for half types (measured bit-equal on 300 elements per reduction; an infinite z gives
+    NaN as on CPU, where the forward's loss is inf)."""
+    jnp = _jax().numpy
+    dtype = jnp.result_type(grad, x, target)
+    norm = 1.0 / x.size if reduction == 1 and x.size else 1.0
+    if dtype not in (jnp.bfloat16, jnp.float16):
+        z = jnp.exp(-target.astype(dtype) * x.astype(dtype))
+        return (-norm * target * z / (1 + z) * grad).astype(dtype)
+    f32 = jnp.float32
+
+    def r(v: Any) -> Any:
+        return half_rounded(v, dtype)
+
+    t, xf, g = target.astype(f32), x.astype(f32), grad.astype(f32)
+    z = r(jnp.exp(r(-t * xf)))
+    out = r(r(np.float32(-norm) * t) * z)
+    out = r(out / r(z + 1))
+    return jnp.broadcast_to(r(out * g), jnp.broadcast_shapes(x.shape, target.shape, grad.shape)).astype(dtype)

@@ -1,0 +1,53 @@
+"""Ops whose CPU kernels step in the half type (hf_tpu/half_steps.py) or accumulate in float32 and round once
+(embedding_bag, lowering_parity's OPMATH), bit for bit against CPU on bfloat16 and float16 (issue 26)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+F = torch.nn.functional
+HALF = (torch.bfloat16, torch.float16)
+
+
+def _randn(*shape: int, seed: int, dtype: torch.dtype, scale: float = 3.0) -> torch.Tensor:
+    return (torch.randn(*shape, generator=torch.Generator().manual_seed(seed)) * scale).to(dtype)
+
+
+@pytest.mark.parametrize("dtype", HALF, ids=str)
+@pytest.mark.parametrize("shape,out", [((8, 8, 8, 8), (5, 7, 4)), ((2, 3, 9, 6, 7), (4, 3, 5)),
+                                       ((1, 2, 4, 4, 4), (1, 1, 1)), ((3, 5, 6, 7), (5, 6, 7))])
+def test_adaptive_avg_pool3d_sums_in_the_half_type(dtype: torch.dtype, shape: tuple, out: tuple) -> None:
+    x = _randn(*shape, seed=0, dtype=dtype)
+    assert torch.equal(F.adaptive_avg_pool3d(x, out), F.adaptive_avg_pool3d(x.to("tpu"), out).cpu())
+
+
+@pytest.mark.parametrize("dtype", HALF, ids=str)
+@pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
+def test_soft_margin_loss_steps_in_the_half_type(dtype: torch.dtype, reduction: str) -> None:
+    """Scale 6: -x * y reaches past float16's exp overflow (CPU's loss inf, its gradient NaN there)."""
+    x = _randn(300, seed=1, dtype=dtype, scale=6.0)
+    y = torch.randn(300, generator=torch.Generator().manual_seed(2)).sign().to(dtype)
+    results = []
+    for dev in ("cpu", "tpu"):
+        v = x.to(dev).requires_grad_()
+        loss = F.soft_margin_loss(v, y.to(dev), reduction=reduction)
+        (g,) = torch.autograd.grad(loss, v, torch.ones_like(loss) * 0.75)
+        results.append((loss.detach().cpu(), g.cpu()))
+    (e_loss, e_grad), (a_loss, a_grad) = results
+    assert torch.equal(e_loss, a_loss) or (e_loss.isnan().all() and a_loss.isnan().all())
+    assert torch.allclose(e_grad, a_grad, rtol=0, atol=0, equal_nan=True)
+
+
+@pytest.mark.parametrize("dtype", HALF, ids=str)
+@pytest.mark.parametrize("mode,weighted", [("sum", True), ("sum", False), ("mean", False)])
+def test_embedding_bag_accumulates_in_float32(dtype: torch.dtype, mode: str, weighted: bool) -> None:
+    """Bag 0 of the unweighted bfloat16 sum ends on half-way points (fbgemm rounds them away from zero)."""
+    w = _randn(50, 16, seed=3, dtype=dtype)
+    idx = torch.randint(0, 50, (200,), generator=torch.Generator().manual_seed(4))
+    offsets = torch.tensor([0, 7, 40, 41, 120])
+    psw = _randn(200, seed=5, dtype=dtype) if weighted else None
+    expected = F.embedding_bag(idx, w, offsets, mode=mode, per_sample_weights=psw)
+    actual = F.embedding_bag(idx.to("tpu"), w.to("tpu"), offsets.to("tpu"), mode=mode,
+                             per_sample_weights=None if psw is None else psw.to("tpu"))
+    assert torch.equal(expected, actual.cpu())
