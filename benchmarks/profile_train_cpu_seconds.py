@@ -117,7 +117,7 @@ class Clock:
         def jit(fn: Any, **kw: Any) -> Any:
             prog = orig(fn, **kw)
             run = timed(prog)
-            for variant in ("fast", "full"):  # optim_lowerings.variant picks one for a whole step
+            for variant in ("fast", "full"):  # a caller may call one variant itself
                 if getattr(prog, variant, None) is not None:
                     setattr(run, variant, timed(getattr(prog, variant)))
             run._cache_size = getattr(prog, "_cache_size", lambda: 0)  # type: ignore[attr-defined]

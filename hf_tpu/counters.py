@@ -13,8 +13,10 @@ _lock = threading.Lock()
 # (bounded.py); program_releases: times every compiled executable was dropped to bound the process's memory
 # mappings (program_bound.py); compilations: programs a graph got (traced, or loaded from the executable
 # cache), graph_traces: the ones of them traced and lowered here (a warm executable cache traces none)
+# eager_programs: XLA programs eager mode ran (xla_options.jit's: every op's, view's, fused-mode graph's and the
+# fused optimizer step's; not torch.compile graphs'), the figure for "programs per step"
 _counts = {"graphs": 0, "compilations": 0, "graph_traces": 0, "cache_hits": 0, "cache_misses": 0,
-           "padded_graphs": 0, "static_dynamic_graphs": 0, "program_releases": 0}
+           "padded_graphs": 0, "static_dynamic_graphs": 0, "program_releases": 0, "eager_programs": 0}
 _times = {"aot_s": 0.0, "xla_s": 0.0}
 _listener_installed = False
 
@@ -27,6 +29,13 @@ def bump(key: str, n: int = 1) -> None:
 def bump_time(key: str, seconds: float) -> None:
     with _lock:
         _times[key] += seconds
+
+
+def program_ran() -> None:
+    """One eager XLA program called (xla_options.jit). No lock: it runs on every eager op, and a count two
+    threads bump at the same instant may miss one, which a diagnostic figure can afford. A program called
+    inside another's trace (a decomposition's sub-ops) counts at that trace."""
+    _counts["eager_programs"] += 1
 
 
 def count(key: str) -> int:

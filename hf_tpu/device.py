@@ -167,6 +167,8 @@ PER_OP_KERNELS = op_registry.mark("per_op_kernel", (
     _aten._copy_from_and_resize.default,
     _aten.convolution_backward_overrideable.default,  # its composite kernel only raises (backward_lowerings.py)
     _aten._neg_view.default,  # composite: it would set the negative bit (dispatch._conj says why not)
+    # composite: a loop of add_, one program per tensor; ours defers and batches it (foreach_add.py)
+    _aten._foreach_add_.Scalar,
 ))
 _aten_lib: torch.library.Library | None = None
 

@@ -51,7 +51,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from hf_tpu import cache_entries, program_bound, runtime
+from hf_tpu import cache_entries, counters, program_bound, runtime
 
 FORMAT = 1  # bump when the entry layout or the key's meaning changes
 MAGIC = b"hf_tpu-executable-v1\n"
@@ -256,6 +256,7 @@ class Program:
         raise AttributeError(name)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        counters.program_ran()  # xla_options.jit's programs count their calls (counters.py)
         array = self._array_type
         if kwargs or any(type(a) is not array for a in args):
             return self._call_tree(self.choose(args), args, kwargs)
@@ -332,6 +333,7 @@ class _Variant:
         self.program, self.name = program, name
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        counters.program_ran()
         program = self.program
         if kwargs or any(type(a) is not program._array_type for a in args):
             return program._call_tree(self.name, args, kwargs)

@@ -11,22 +11,21 @@ PyTorch's fused kernels do), so a fused step equals a foreach step within float3
 (GradScaler's scale) divides the gradients, which are written back unscaled as PyTorch's kernels do, and a
 nonzero `found_inf` leaves every tensor as it was.
 
-Eager mode runs the in-place ops through jitted programs whose hyperparameters (lr, betas, ...) are traced
-arguments, so a learning-rate schedule does not compile a new program each step. A step's parameters are
-grouped by the shapes and dtypes of their tensors (parameter, gradient, states), and each group runs in
-chunks of 2**k parameters, each chunk one program: the programs depend on the shapes alone, not on the whole
-parameter list, so a process that steps many models (the sweep's worker, one model per entry) traces and
-lowers each (shapes, 2**k) program once instead of one program per model (that was 19% of a warm sweep
-entry's CPU time: Bert's whole-list program took 2.9 CPU-s to trace and lower for 3 steps). The math is
-per element and every chunk takes the compile variant the whole step's arrays select (`variant`), so the
-results are bit-identical to one whole-list program (tests/hf_tpu/test_fused_optim.py).
+Eager mode runs a step as ONE program over the whole parameter list (issue 25: one program per step, not one
+per parameter), with the hyperparameters (lr, betas, ...) as traced arguments, so a learning-rate schedule
+does not compile a new program each step. The step counts' `_foreach_add_(state_steps, 1)` that PyTorch
+issues just before is deferred (foreach_add.py) and done inside that program; gradients that are views are
+read inside it too. A 6-layer GPT-2's fused AdamW step: 93 programs (17 per chunk of same-shaped parameters,
+76 `add_` for the counts) -> 1. Sharing across models: the program is named for the executable cache, so a
+process that steps a model another process stepped loads it instead of tracing it (7 tiny models in one
+process, benchmarks/optimizer_programs.py, CPU-s in the step: cold 3.05 with chunk programs shared across
+models -> 3.08, warm 0.46 -> 0.43).
 Compiled graphs lower the functional forms AOTAutograd records with the same functions.
 """
 
 from __future__ import annotations
 
 import functools
-import itertools
 from collections.abc import Callable
 from typing import Any
 
@@ -197,24 +196,29 @@ _INPLACE: dict[Any, tuple[Callable[..., Any], tuple[str, ...]]] = {
 
 @functools.cache
 def _program(fn: Callable[..., Any], statics: tuple[tuple[str, Any], ...], donate: tuple[int, ...] = (),
-             keep: tuple[int, ...] | None = None) -> Callable[..., Any]:
+             keep: tuple[int, ...] | None = None, steps_at: int | None = None,
+             operands: tuple[tuple[int, tuple], ...] = ()) -> Callable[..., Any]:
     """The step's program; `donate`: the positional lists (parameters, states) whose arrays XLA may
     overwrite with the results instead of allocating new ones; `keep`: which of fn's outputs it returns
-    (None: all)."""
+    (None: all); `steps_at`: the position of the state_steps list when the program adds the step's
+    increment to the counts itself (the keyword `step_increment`) and returns the new counts last;
+    `operands`: (list position, a tensor.Operand key or None per element) for lists holding views, whose
+    buffers the program gets and reads the views of itself."""
     from hf_tpu import xla_options
 
     # full optimisation at real size (xla_options.py); named for the executable cache, so that a process
-    # loads the chunk programs another one compiled instead of tracing and lowering them (16% of a warm
+    # loads the step program another one compiled instead of tracing and lowering it (16% of a warm
     # sweep entry's CPU time went to the fused AdamW step, measured on data2vec-text QA)
-    return xla_options.jit(functools.partial(_selected, fn, keep, dict(statics)), ident=_ident(fn, statics, keep),
-                           donate_argnums=donate)
+    return xla_options.jit(functools.partial(_selected, fn, keep, dict(statics), steps_at, dict(operands)),
+                           ident=_ident(fn, statics, keep, steps_at, operands), donate_argnums=donate)
 
 
-def _ident(fn: Callable[..., Any], statics: tuple[tuple[str, Any], ...], keep: tuple[int, ...] | None) -> str | None:
+def _ident(fn: Callable[..., Any], statics: tuple[tuple[str, Any], ...], keep: tuple[int, ...] | None,
+           steps_at: int | None = None, operands: tuple[tuple[int, tuple], ...] = ()) -> str | None:
     """The step program's name across processes (executable_cache.py): the functional step (this module's
-    source is in the cache's environment digest), its static hyperparameters and the outputs it returns; the
-    traced ones (lr, betas, ...) and the lists' shapes are in each call's key. None when a static value has
-    no stable text."""
+    source is in the cache's environment digest), its static hyperparameters, the outputs it returns,
+    whether it counts the step and the views it reads; the traced ones (lr, betas, ...) and the lists' shapes are in each call's
+    key. None when a static value has no stable text."""
     from hf_tpu import executable_cache
 
     base = fn.func if isinstance(fn, functools.partial) else fn
@@ -222,7 +226,8 @@ def _ident(fn: Callable[..., Any], statics: tuple[tuple[str, Any], ...], keep: t
         return None
     try:
         bound = executable_cache.stable(dict(fn.keywords) if isinstance(fn, functools.partial) else {})
-        return f"optim|{base.__name__}|{bound}|{executable_cache.stable(dict(statics))}|keep={keep}"
+        return (f"optim|{base.__name__}|{bound}|{executable_cache.stable(dict(statics))}|keep={keep}"
+                f"|steps_at={steps_at}|views={executable_cache.stable(operands)}")
     except executable_cache.Unstable:
         return None
 
@@ -230,12 +235,22 @@ def _ident(fn: Callable[..., Any], statics: tuple[tuple[str, Any], ...], keep: t
 traces = 0  # step programs traced in this process (a warm executable cache traces none it has seen)
 
 
-def _selected(fn: Callable[..., Any], keep: tuple[int, ...] | None, statics: dict[str, Any], *lists: Any,
-              **traced: Any) -> tuple[Any, ...]:
+def _selected(fn: Callable[..., Any], keep: tuple[int, ...] | None, statics: dict[str, Any],
+              steps_at: int | None, operands: dict[int, tuple], *lists: Any, **traced: Any) -> tuple[Any, ...]:
+    from hf_tpu import tensor as T
+
     global traces
     traces += 1  # runs only while JAX traces the program
+    if operands:
+        lists = tuple([a if k is None else T.apply_operand(a, k) for a, k in zip(ls, operands[i], strict=True)]
+                      if i in operands else ls for i, ls in enumerate(lists))
+    if steps_at is not None:
+        inc = traced.pop("step_increment")
+        steps = [(s + inc).astype(s.dtype) for s in lists[steps_at]]  # as `_foreach_add_(state_steps, 1)`
+        lists = (*lists[:steps_at], steps, *lists[steps_at + 1:])
     outs = fn(*lists, **traced, **statics)
-    return outs if keep is None else tuple(outs[k] for k in keep)
+    outs = outs if keep is None else tuple(outs[k] for k in keep)
+    return outs if steps_at is None else (*outs, lists[steps_at])
 
 
 def _donatable(args: tuple, lists: list[list[Any]], written: tuple[int, ...]) -> bool:
@@ -264,55 +279,45 @@ def _lists_written(op: Any) -> list[int]:
     return [i for i, a in enumerate(op._schema.arguments) if a.alias_info is not None and a.alias_info.is_write]
 
 
-def chunks(lists: list[list[Any]]) -> list[list[int]]:
-    """The parameter indices of a step, grouped by the shapes and dtypes of every list's element (an empty
-    list, e.g. max_exp_avg_sqs without amsgrad, takes no part), each group split into chunks of 2**k indices
-    (largest first, in order): the programs a step runs. Chunks of powers of two bound the programs per group
-    to log2(size)+1 while letting models with different numbers of same-shaped parameters share them."""
-    n = len(lists[0])
-    groups: dict[tuple, list[int]] = {}
-    for i in range(n):
-        key = tuple((tuple(a[i].shape), str(a[i].dtype), bool(getattr(a[i], "weak_type", False)))
-                    for a in lists if len(a) == n)
-        groups.setdefault(key, []).append(i)
-    out = []
-    for idx in groups.values():
-        start = 0
-        while start < len(idx):
-            size = 1 << ((len(idx) - start).bit_length() - 1)
-            out.append(idx[start:start + size])
-            start += size
-    return out
-
-
-def variant(program: Callable[..., Any], lists: list[list[Any]]) -> Callable[..., Any]:
-    """The compile variant of `program` (xla_options.jit) that the whole step's lists select, for every chunk:
-    XLA's full optimisation and the fast-compile flags round this program differently (1 ulp in a few
-    elements, measured), so a chunk compiled by its own size would not equal the whole-list step bit for
-    bit."""
-    from hf_tpu import xla_options
-
-    large = any(getattr(a, "size", 0) >= xla_options.LARGE_ELEMENTS for a in itertools.chain(*lists))
-    return getattr(program, "full" if large else "fast", program)
-
-
 def eager_kernel(op: Any) -> Callable[..., None]:
-    """The tpu kernel of in-place `op` (`_fused_adamw_`, ...): every list it writes, from one program per
-    chunk of same-shaped parameters (`chunks`)."""
-    from hf_tpu import host_copy
+    """The tpu kernel of in-place `op` (`_fused_adamw_`, ...): every list it writes, from one program over the
+    whole parameter list, which also adds the step's increment to the step counts when the
+    `_foreach_add_(state_steps, 1)` before it is still waiting (foreach_add.py): one program per step (the
+    issue's requirement; it was one per chunk of same-shaped parameters plus one `add_` per parameter, 93
+    for a 6-layer GPT-2)."""
+    from hf_tpu import foreach_add, host_copy
     from hf_tpu import tensor as T
 
     fn, traced_names = _INPLACE[op]
     schema = op._schema.arguments
     written = _lists_written(op)
     positional = [a.name for a in schema if not a.kwarg_only]
+    steps_at = positional.index("state_steps") if "state_steps" in positional else None
     # the parameters and states; not the gradients (often views of a backward op's result, and written back
     # unchanged unless GradScaler's scale divides them)
     donated = tuple(i for i in written if schema[i].name != "grads")
     keep_unscaled = tuple(k for k, i in enumerate(written) if schema[i].name != "grads")
 
+    def read(i: int, ts: list[torch.Tensor], operands: list[tuple[int, tuple]]) -> list[Any]:
+        """List i's arrays. A view in a list the step does not donate (gradients that are views of a
+        backward op's result, ViT's and conv weights') is handed over as its buffer and read inside the
+        program (its key joins `operands`), not materialised by a program of its own first."""
+        if i in donated:
+            return [T.value(t) for t in ts]
+        arrays, keys = [], []
+        for t in ts:
+            o = T.operand(t)
+            arrays.append(o.array if type(o) is T.Operand else o)
+            keys.append(o.key if type(o) is T.Operand else None)
+        if any(k is not None for k in keys):
+            operands.append((i, tuple(keys)))
+        return arrays
+
     def kernel(*args: Any, **kwargs: Any) -> None:
-        lists = [[T.value(t) for t in ts] for ts in args[: len(positional)]]
+        pending = foreach_add.waiting(args[steps_at]) if steps_at is not None and args[steps_at] else None
+        operands: list[tuple[int, tuple]] = []
+        lists = [pending[0] if pending is not None and i == steps_at else read(i, ts, operands)
+                 for i, ts in enumerate(args[: len(positional)])]
         traced, statics = {}, []
         for name, v in kwargs.items():
             if isinstance(v, torch.Tensor):
@@ -321,21 +326,25 @@ def eager_kernel(op: Any) -> Callable[..., None]:
                 traced[name] = v  # a Python float: a traced argument of the program, not a constant in it
             elif v is not None:
                 statics.append((name, v))
+        if pending is not None:
+            traced["step_increment"] = pending[1]  # traced too: the same program whatever the increment
         donate = donated if _donatable(args, lists, donated) else ()
         # the gradients come back changed only when GradScaler's scale divides them; otherwise they are not
         # outputs at all: returned, they would take a donated buffer of their shape (JAX pairs donated inputs
         # with outputs by shape, in order) and be copied into it, leaving a state list to allocate anew
         keep = None if "grad_scale" in traced else keep_unscaled
-        program = variant(_program(fn, tuple(sorted(statics)), donate, keep), lists)
+        program = _program(fn, tuple(sorted(statics)), donate, keep, steps_at if pending is not None else None,
+                           tuple(operands))
         outputs = written if keep is None else [written[k] for k in keep]
-        for chunk in chunks(lists):
-            outs = program(*[[a[j] for j in chunk] if a else a for a in lists], **traced)
-            for i, new in zip(outputs, outs, strict=True):
-                for j, a in zip(chunk if args[i] else (), new, strict=True):  # an empty list stays empty
-                    T.assign(args[i][j], a)
+        if pending is not None:
+            outputs = [*outputs, steps_at]
+        outs = program(*lists, **traced)
+        for i, new in zip(outputs, outs, strict=True):
+            for t, a in zip(args[i], new, strict=True):  # an empty list (no max_exp_avg_sqs) stays empty
+                T.assign(t, a)
 
     return kernel
 
 
-for _op in _INPLACE:  # fused optimizer steps: a program per chunk of same-shaped parameters
+for _op in _INPLACE:  # fused optimizer steps: one program per step
     lowers(_op, kind="eager")(eager_kernel(_op))

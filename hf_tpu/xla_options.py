@@ -21,7 +21,7 @@ flags are off (HF_TPU_XLA_FAST_COMPILE=0, or an accelerator). Neither setting en
 two may round a program differently in the last place (AdamW's step: 1 ulp in a few hundred of 77k elements,
 measured; tests/hf_tpu/test_xla_options.py holds them within 1e-6), so which side of the limit a call falls
 on can change its last bit, never more; a program that must be bit-stable across calls of different sizes
-picks one variant for all of them (optim_lowerings.variant). JAX's persistent cache keys each program by its compile options (and
+picks one variant for all of them. JAX's persistent cache keys each program by its compile options (and
 XLA_FLAGS), so a program cached under one setting is never served for the other; hf-tpu's graph cache holds
 ATen graphs, which are lowered and compiled again on load, so it needs no key of its own for this.
 """
@@ -124,10 +124,13 @@ def jit(fn: Callable[..., Any], ident: str | None = None, **jit_kwargs: Any) -> 
     completely, see executable_cache.py), executables are shared with other processes through the
     executable cache, which then skips tracing and lowering. `donate_argnums` is the one jit argument the
     cache takes with an ident (it is added to the ident: donation is compiled into the executable)."""
+    from hf_tpu import counters
+
     jax = runtime.jax()
     fast = jax.jit(fn, **jit_kwargs)
     opts = full_options()
     limit = LARGE_ELEMENTS
+    ran = counters.program_ran  # every call counts (counters' eager_programs: programs per step)
     if ident is not None and set(jit_kwargs) <= {"donate_argnums"}:
         from hf_tpu import executable_cache
 
@@ -140,10 +143,17 @@ def jit(fn: Callable[..., Any], ident: str | None = None, **jit_kwargs: Any) -> 
             return executable_cache.Program(ident, {"fast": (fast, None), "full": (full, opts)},
                                             lambda args: "full" if _has_large(args, limit) else "fast")
     if opts is None:
-        return fast
+        def call_fast(*args: Any, **kwargs: Any) -> Any:
+            ran()
+            return fast(*args, **kwargs)
+
+        call_fast._cache_size = fast._cache_size  # type: ignore[attr-defined]
+        call_fast.fast = fast  # type: ignore[attr-defined]
+        return call_fast
     full = jax.jit(fn, compiler_options=opts, **jit_kwargs)
 
     def call(*args: Any, **kwargs: Any) -> Any:
+        ran()
         return (full if _large(args, limit) else fast)(*args, **kwargs)
 
     call._cache_size = lambda: fast._cache_size() + full._cache_size()  # type: ignore[attr-defined]

@@ -43,7 +43,7 @@ HF_TPU_LAYERS: list[tuple[str, list[str]]] = [
     ("fused eager mode's recorder", ["hf_tpu.fused"]),
     ("tpu tensors and host copies", ["hf_tpu.tensor", "hf_tpu.host_copy"]),
     ("programs of one op, decompositions run as programs, plans, torch.save, optimizer kernels, the fused loss",
-     ["hf_tpu.op_jit", "hf_tpu.decomposed", "hf_tpu.plans", "hf_tpu.serialization", "hf_tpu.optim_lowerings",
+     ["hf_tpu.op_jit", "hf_tpu.decomposed", "hf_tpu.plans", "hf_tpu.serialization", "hf_tpu.foreach_add", "hf_tpu.optim_lowerings",
       "hf_tpu.cross_entropy"]),
     ("the eager lowering table", ["hf_tpu.lowering"]),
     ("backward kernels", ["hf_tpu.backward_lowerings"]),

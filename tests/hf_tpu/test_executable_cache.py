@@ -122,7 +122,7 @@ def test_graph_cache_hit_traces_no_graph_program(tmp_path: Path) -> None:
 
 
 def test_fused_optimizer_steps_trace_nothing_in_a_second_process(tmp_path: Path) -> None:
-    """The fused AdamW step's chunk programs (optim_lowerings: lists of arrays, traced keyword
+    """The fused AdamW step's program (optim_lowerings: lists of arrays, traced keyword
     hyperparameters, donated parameters and states) were traced and lowered in every process; shared, the
     second process traces none, donates as the first did and gets the same bits."""
     cold = run(tmp_path / "cache", CHILD_KIND="optim")

@@ -13,6 +13,8 @@ import pytest
 # recording can only shrink this list.
 NOT_IN_OPINFO = {
     "aten::_fused_adamw_.default": "AdamW(fused=True)'s step: optim_db, not op_db (tests/hf_tpu/test_fused_optim.py)",
+    "aten::_foreach_add_.Scalar": "the fused step's step counts (hf_tpu/foreach_add.py, "
+                                  "tests/hf_tpu/test_foreach_add.py); in-place, as add_.Scalar",
     "aten::_copy_from.default": "the host<->tpu copy of .to('tpu'); every parity pair moves its inputs so",
     "aten::add_.Scalar": "in-place: gradient accumulation; the parity run calls each op's out-of-place form only",
     "aten::add_.Tensor": "in-place, as add_.Scalar",
