@@ -140,3 +140,14 @@ def native_batch_norm(x: Any, weight: Any, bias: Any, running_mean: Any, running
     running_mean.copy_(new_mean)
     running_var.copy_(new_var)
     return out, mean, rstd
+
+
+@lowers(aten._batch_norm_with_update.default, kind="eager")
+def batch_norm_with_update(x: Any, weight: Any, bias: Any, running_mean: Any, running_var: Any, momentum: float,
+                           eps: float) -> Any:
+    """_batch_norm_with_update (nn.functional.batch_norm in training since PyTorch 2.3): the training form of
+    native_batch_norm above, with CPU's empty uint8 reserve. Its PyTorch decomposition gave float32 saved
+    statistics for half inputs (CPU: the input's dtype) and half outputs off CPU's (batch_norm.py's lowering
+    is CPU's arithmetic)."""
+    out, mean, rstd = native_batch_norm(x, weight, bias, running_mean, running_var, True, momentum, eps)
+    return out, mean, rstd, torch.empty((0,), dtype=torch.uint8, device=x.device)
