@@ -315,6 +315,11 @@ OPMATH = op_registry.mark("opmath", {
     # CPU's norm kernels accumulate |x|^p for half inputs in float32 (acc_type) and round the root once; torchax
     # raised to the power in float16, which overflows for p > 2 (dist(p=4), vector_norm(ord=6) of 8.5: inf)
     aten.linalg_vector_norm.default, aten.dist.default,
+    # CPU's half convolutions (oneDNN, or its slow path's float32 GEMM) accumulate in float32 and round once,
+    # the bias added before that rounding; XLA:CPU's float16/bfloat16 convolution did not (conv_transpose3d
+    # float16: 186 of 648 elements off CPU's, conv2d 4 of 27). Its backward (backward_lowerings) differentiates
+    # this, so gradients are float32 too, rounded once.
+    aten.convolution.default,
 })
 
 

@@ -47,3 +47,24 @@ def test_addr_steps_as_cpu(dtype: torch.dtype, beta: float, alpha: float) -> Non
         op_parity.compare(expected, actual)
     else:
         assert torch.equal(expected, actual)
+
+
+@pytest.mark.parametrize("dtype", HALF, ids=str)
+@pytest.mark.parametrize("name", ["conv2d", "conv3d", "conv_transpose2d", "conv_transpose3d"])
+def test_convolutions_accumulate_in_float32(highest, dtype: torch.dtype, name: str) -> None:
+    """Forward and input/weight gradients: CPU's float32 accumulation rounded once (lowering_parity's OPMATH);
+    the order of a float32 sum may still differ from CPU's, so a few elements may round the other way."""
+    fn = getattr(torch.nn.functional, name)
+    spatial = 3 if name.endswith("3d") else 2
+    x = _randn(2, 4, *([6] * spatial), seed=0, dtype=dtype)
+    w = _randn(*((4, 3) if "transpose" in name else (3, 4)), *([3] * spatial), seed=1, dtype=dtype)
+    bias = _randn(3, seed=2, dtype=dtype)
+    results = []
+    for dev in ("cpu", "tpu"):
+        xv, wv = x.to(dev).requires_grad_(), w.to(dev).requires_grad_()
+        out = fn(xv, wv, bias.to(dev), padding=1)
+        grads = torch.autograd.grad(out, (xv, wv), torch.ones_like(out) * 0.5)
+        results.append([out.detach().cpu(), *(g.cpu() for g in grads)])
+    for e, a in zip(*results, strict=True):
+        op_parity.compare(e, a)
+        assert (e != a).float().mean() < 0.02
