@@ -69,8 +69,11 @@ def _scratch(tmp_path: Path, torch_tpu_first: bool, guard: bool = True) -> str:
 
 def _probe(python: str) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "TPU_LIBRARY_PATH")}
+    # cwd: a neutral directory. Run from the checkout, sys.path[0] is the checkout, whose hf_tpu.egg-info
+    # (left by `pip install -e`) importlib.metadata then lists before torch_tpu's distribution, so hf-tpu's
+    # entry point would run first and the order this file tests would not be the one asked for.
     return subprocess.run([python, "-c", PROBE], capture_output=True, text=True, timeout=600,
-                          env={**env, "HF_HUB_OFFLINE": "1"})
+                          env={**env, "HF_HUB_OFFLINE": "1"}, cwd=os.path.dirname(os.path.dirname(python)))
 
 
 @pytest.mark.slow
