@@ -68,3 +68,21 @@ def test_convolutions_accumulate_in_float32(highest, dtype: torch.dtype, name: s
     for e, a in zip(*results, strict=True):
         op_parity.compare(e, a)
         assert (e != a).float().mean() < 0.02
+
+
+@pytest.mark.parametrize("dtype", [*HALF, torch.float32], ids=str)
+def test_bilinear_rounds_each_contraction(highest, dtype: torch.dtype) -> None:
+    """_trilinear as CPU's (half_steps): x1 . W rounded, then . x2 rounded, then + bias; its gradients are
+    _trilinear calls too (with a summed unroll dim: slices added in turn)."""
+    x1, x2 = _randn(8, 6, seed=0, dtype=dtype), _randn(8, 7, seed=1, dtype=dtype)
+    w, b = _randn(5, 6, 7, seed=2, dtype=dtype), _randn(5, seed=3, dtype=dtype)
+    results = []
+    for dev in ("cpu", "tpu"):
+        ins = [t.to(dev).requires_grad_() for t in (x1, x2, w, b)]
+        out = torch.nn.functional.bilinear(*ins)
+        grads = torch.autograd.grad(out, ins, torch.ones_like(out) * 0.5)
+        results.append([out.detach().cpu(), *(g.cpu() for g in grads)])
+    for i, (e, a) in enumerate(zip(*results, strict=True)):
+        op_parity.compare(e, a)
+        if dtype != torch.float32:
+            assert (e != a).float().mean() < (0.01 if i == 0 else 0.05), i
