@@ -6,9 +6,9 @@ persistent cache could serve the executable; with a name known before tracing, t
 instead. The name must be the same for the graph Dynamo and AOTAutograd just made (the process that fills
 the cache) and for the graph loaded from the cache (every later process), and it must change whenever the
 traced program could. A first version hashed the graph's Python code and every node's traced storage offset:
-a loaded graph's nodes are meta tensors without their storage offsets (compile_cache/serializable.py keeps
-shape, stride and dtype), so every graph with a view at an offset (a QA head's `split`, a rotary
-embedding's half) was named differently in the process that filled the cache and missed it in the next one.
+a loaded graph's nodes were then meta tensors without their storage offsets, so every graph with a view at
+an offset (a QA head's `split`, a rotary embedding's half) was named differently in the process that filled
+the cache and missed it in the next one. The name still leaves offsets out: only as_strided reads them.
 
 So the name is a canonical serialization of exactly what the lowering reads (graph_compiler.to_jax_function):
 
@@ -22,7 +22,7 @@ So the name is a canonical serialization of exactly what the lowering reads (gra
 
 No name (the graph is then traced in every process, as before) for symbolic sizes, for a value or argument
 without a stable text, for a function from elsewhere, for as_strided (its lowering reads the storage
-offsets and the sharing of storages between nodes, which a saved graph does not keep), and when the lowering
+offsets and the sharing of storages between nodes, which the name leaves out), and when the lowering
 table is not the package's own (hooks.override_lowerings). The lowering table itself is covered by the
 cache's environment digest (every hf_tpu source file).
 """
@@ -51,7 +51,7 @@ def _target(n: torch.fx.Node) -> str:
     t = n.target
     if isinstance(t, torch._ops.OpOverload):
         if t in _AS_STRIDED:
-            raise _NoName("as_strided reads storage offsets a saved graph does not keep")
+            raise _NoName("as_strided reads storage offsets the name leaves out")
         return f"op:{t}"
     if callable(t) and getattr(t, "__module__", None) in _PLAIN_MODULES and "<" not in getattr(t, "__qualname__", "<"):
         return f"fn:{t.__module__}.{t.__qualname__}"

@@ -93,7 +93,7 @@ def _signature(full: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]
     out: list[Any] = []
     for leaf in pytree.tree_leaves((full, kwargs)):
         if isinstance(leaf, torch.Tensor):
-            out.append((tuple(leaf.shape), leaf.dtype, leaf.device.type))
+            out.append((tuple(leaf.shape), leaf.dtype, leaf.device.type, leaf.storage_offset()))
         elif leaf is None or isinstance(leaf, bool | int | float | str):
             out.append(leaf)
         else:

@@ -3,8 +3,8 @@ so what decides whether a saved graph may serve a call is ours, and all of it is
 
 - versions: hf_tpu (and a digest of the hf_tpu sources that shape a graph), torch, JAX, jaxlib, torchax, Transformers, Diffusers, Python (and the key format);
 - the compiled function: module, qualified name and a digest of its code (bytecode, constants, names);
-- the call's arguments, recursively: tensors by shape, dtype, device, strides and requires_grad; modules by
-  class, config (Transformers/Diffusers `config`), training flag and parameters (names, shapes, dtypes);
+- the call's arguments, recursively: tensors by shape, dtype, device, strides, requires_grad and storage
+  offset; modules by class, config (Transformers/Diffusers `config`), training flag and parameters (names, shapes, dtypes);
   other values by type and value;
 - the state the graph depends on: matmul precision, grad mode, default dtype;
 - hf_tpu's lowering table as far as it shapes the ATen graph: which ops are decomposed before lowering
@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-FORMAT = 1  # bump when the saved layout or the key's meaning changes
+FORMAT = 2  # bump when the saved layout or the key's meaning changes (2: storage offsets saved and keyed)
 
 
 @functools.cache
@@ -130,7 +130,7 @@ def _config_digest(config: Any) -> str:
 def _module_digest(m: torch.nn.Module) -> dict[str, Any]:
     h = hashlib.sha256()
     for name, t in list(m.named_parameters()) + list(m.named_buffers()):
-        h.update(f"{name}:{tuple(t.shape)}:{t.dtype}:{t.device.type}:{t.requires_grad};".encode())
+        h.update(f"{name}:{tuple(t.shape)}:{t.dtype}:{t.device.type}:{t.requires_grad}:{t.storage_offset()};".encode())
     config = getattr(m, "config", None)
     return {"class": f"{type(m).__module__}.{type(m).__qualname__}", "training": m.training,
             "config": _config_digest(config) if config is not None else "", "params": h.hexdigest()[:16]}
@@ -141,7 +141,10 @@ def describe(x: Any, depth: int = 0) -> Any:
     if depth > 8:
         return type(x).__qualname__
     if isinstance(x, torch.Tensor):
-        return {"t": [list(x.shape), str(x.dtype), x.device.type, list(x.stride()), x.requires_grad]}
+        # the storage offset too: the graph's as_strided reads absolute offsets into its inputs' storages (a tpu
+        # tensor's is always 0; a CPU view passed in is not)
+        return {"t": [list(x.shape), str(x.dtype), x.device.type, list(x.stride()), x.requires_grad,
+                      x.storage_offset()]}
     if isinstance(x, torch.nn.Module):
         return _module_digest(x)
     if isinstance(x, dict):

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
 import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -84,11 +85,13 @@ def _dump_graph(gm: torch.fx.GraphModule) -> bytes:
                         cpu = value.detach().cpu()
                         table[name] = (torch.nn.Parameter(cpu, value.requires_grad)
                                        if isinstance(value, torch.nn.Parameter) else cpu)
-    # Only the metadata the lowering reads is kept, fake tensors as plain (shape, stride, dtype) records:
-    # rebuilding ~1,200 fake tensors took most of a GPT-2 graph's load time (0.9 s).
+    # Only the metadata the lowering reads is kept, fake tensors as plain records: rebuilding ~1,200 fake
+    # tensors took most of a GPT-2 graph's load time (0.9 s). Their storage offsets and which values share a
+    # storage are kept too: as_strided's lowering reads both (graph_compiler._as_strided_on_storage).
+    storages: dict[Any, int] = {}
     metas = [(n, n.meta) for n in gm.graph.nodes]
     for n, meta in metas:
-        n.meta = {k: (pytree.tree_map(_TensorRecord.of, meta[k]) if k == "val" else meta[k])
+        n.meta = {k: (pytree.tree_map(lambda v: _TensorRecord.of(v, storages), meta[k]) if k == "val" else meta[k])
                   for k in _KEPT_META if k in meta}
     try:
         return GraphPickler.dumps(gm, Options(ops_filter=None))
@@ -107,9 +110,11 @@ def _load_graph(data: bytes | None) -> torch.fx.GraphModule:
     if data is None:
         raise RuntimeError("hf_tpu compile cache: a saved graph has no content")
     gm = GraphPickler.loads(data, FakeTensorMode(shape_env=ShapeEnv()))
+    storages: dict[int, Any] = {}  # the record's storage number -> one meta storage, shared as in the trace
     for n in gm.graph.nodes:
         if "val" in n.meta:
-            n.meta["val"] = pytree.tree_map(lambda v: v.meta() if isinstance(v, _TensorRecord) else v, n.meta["val"])
+            n.meta["val"] = pytree.tree_map(lambda v: v.meta(storages) if isinstance(v, _TensorRecord) else v,
+                                            n.meta["val"])
     return gm  # not recompiled: the lowering walks the graph, never runs gm.forward
 
 
@@ -118,20 +123,45 @@ _KEPT_META = ("val", "stack_trace")
 
 @dataclasses.dataclass(frozen=True)
 class _TensorRecord:
-    """A node's tensor metadata as saved; loaded as a meta tensor (what the lowering reads: dtype, shape)."""
+    """A node's tensor metadata as saved; loaded as a meta tensor (what the lowering reads: dtype, shape,
+    strides, and for as_strided the storage offset and the storage shared with other values). Without the
+    last two a loaded graph read the wrong elements: `h[:, 2:].as_strided(size, stride, 3)` (an offset into
+    h's storage) was lowered against a slice starting at offset 0 with a storage of its own, and computed
+    another loss in the next process (or raised setStorage ... out of bounds), where the saving one was right."""
 
     shape: tuple[int, ...]
     stride: tuple[int, ...]
     dtype: torch.dtype
+    storage_offset: int
+    storage: int  # values with the same number share a storage (numbered in graph order)
+    storage_bytes: int
 
     @classmethod
-    def of(cls, v: Any) -> Any:
-        if isinstance(v, torch.Tensor):
-            return cls(tuple(int(d) for d in v.shape), tuple(int(d) for d in v.stride()), v.dtype)
-        return v
+    def of(cls, v: Any, storages: dict[Any, int]) -> Any:
+        """`v`'s record if it is a tensor; `storages` numbers the storages met so far (one dict per graph)."""
+        if not isinstance(v, torch.Tensor):
+            return v
+        from torch.multiprocessing.reductions import StorageWeakRef
 
-    def meta(self) -> torch.Tensor:
-        return torch.empty_strided(self.shape, self.stride, dtype=self.dtype, device="meta")
+        storage = v.untyped_storage()
+        number = storages.setdefault(StorageWeakRef(storage), len(storages))
+        return cls(tuple(int(d) for d in v.shape), tuple(int(d) for d in v.stride()), v.dtype,
+                   int(v.storage_offset()), number, int(storage.nbytes()))
+
+    def meta(self, storages: dict[int, Any]) -> torch.Tensor:
+        """The meta tensor, on the storage numbered `self.storage` in `storages` (made here when new)."""
+        need = self.storage_offset + sum((n - 1) * s for n, s in zip(self.shape, self.stride, strict=True)) + 1
+        nbytes = max(self.storage_bytes, need * self.dtype.itemsize if math.prod(self.shape) else 0)
+        storage = storages.get(self.storage)
+        if storage is None or storage.nbytes() < nbytes:
+            # a value seen first through a smaller view: the storage is made as large as the largest view needs
+            if storage is not None:
+                storage.resize_(nbytes)
+            else:
+                storage = storages[self.storage] = torch.empty(nbytes, dtype=torch.uint8,
+                                                               device="meta").untyped_storage()
+        return torch.empty(0, dtype=self.dtype, device="meta").set_(storage, self.storage_offset, self.shape,
+                                                                     self.stride)
 
 
 _seeded_records: list[list[str]] = []  # open recording_seeded_ops blocks, innermost last
