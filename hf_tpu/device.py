@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from hf_tpu import op_registry
+from hf_tpu import foreach_ops, op_registry
 from hf_tpu.no_dynamo import never_traced_by_dynamo as _never_traced_by_dynamo
 
 _aten = torch.ops.aten
@@ -167,8 +167,10 @@ PER_OP_KERNELS = op_registry.mark("per_op_kernel", (
     _aten._copy_from_and_resize.default,
     _aten.convolution_backward_overrideable.default,  # its composite kernel only raises (backward_lowerings.py)
     _aten._neg_view.default,  # composite: it would set the negative bit (dispatch._conj says why not)
-    # composite: a loop of add_, one program per tensor; ours defers and batches it (foreach_add.py)
+    # composite: a loop of single-tensor ops, one program per tensor; ours defers the step counters' add
+    # (foreach_add.py) and runs torch.optim's other foreach ops as one program per call (foreach_ops.py)
     _aten._foreach_add_.Scalar,
+    *foreach_ops.OPS,
 ))
 _aten_lib: torch.library.Library | None = None
 

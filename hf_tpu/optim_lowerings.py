@@ -52,7 +52,7 @@ def _scalar(x: Any, dtype: Any) -> Any:
 
 
 def _lerp(start: Any, end: Any, weight: Any) -> Any:
-    # torch.lerp's formula (the one foreach Adam's exp_avg.lerp_ uses), exact at both ends
+    # torch.lerp's formula (the one foreach Adam's exp_avg.lerp_ uses), exact at both ends; foreach_ops' lerp
     jnp = _jax().numpy
     diff = end - start
     return jnp.where(jnp.abs(weight) < 0.5, start + weight * diff, end - diff * (1 - weight))
