@@ -129,7 +129,7 @@ def _program(op: Any, kinds: tuple[str, ...], statics: tuple) -> Callable[..., A
         for a in args_of]
     const = dict(statics)
 
-    def run(n: int, *values: Any) -> list[Any]:
+    def run(n: int, frames: tuple, *values: Any) -> list[Any]:
         out = []
         for i in range(n):
             args, kwargs = [], {}
@@ -140,10 +140,11 @@ def _program(op: Any, kinds: tuple[str, ...], statics: tuple) -> Callable[..., A
                     args.append(v)
                 else:
                     kwargs[keyword[pos]] = v
-            out.append(fn(*args, **kwargs))
+            res = fn(*args, **kwargs)
+            out.append(res if frames[i] is None else res.reshape(frames[i]))
         return out
 
-    return xla_options.jit(run, static_argnums=(0,))
+    return xla_options.jit(run, static_argnums=(0, 1))
 
 
 def _takes(args: tuple, kinds: tuple[str, ...], inplace: bool) -> bool:
@@ -198,7 +199,8 @@ def kernel(op: Any) -> Callable[..., Any]:
         values = [None if k == "c" else [T.value(t) for t in x] if k == "T" else T.value(x) if k == "t"
                   else (list(x) if k == "S" else x) for x, k in zip(full, kinds, strict=True)]
         try:
-            outs = _program(op, kinds, statics)(len(full[0]), *values)
+            frames = _frames(full[0]) if inplace else (None,) * len(full[0])
+            outs = _program(op, kinds, statics)(len(full[0]), frames, *values)
         except Exception:  # noqa: BLE001 - a lowering that cannot take a traced scalar: PyTorch's loop
             _refused.add(key)
             return loop(*args, **kwargs)
@@ -210,6 +212,17 @@ def kernel(op: Any) -> Callable[..., Any]:
         return [T.wrap(a.astype(_out_dtype(t)), t.dtype) for t, a in zip(selfs, outs, strict=True)]
 
     return run
+
+
+def _frames(tensors: list[torch.Tensor]) -> tuple:
+    """The shape each result is written in: its buffer's, where that is not the tensor's (a gradient made
+    as a reshape of a whole buffer, 24 of a GPT-2's 76), so that tensor.assign stores it as it comes instead
+    of reshaping it in a program of its own per tensor; else None."""
+    out = []
+    for t in tensors:
+        shape = T.payload(t).buf.shape
+        out.append(shape if shape != tuple(t.shape) else None)
+    return tuple(out)
 
 
 def _out_dtype(t: torch.Tensor) -> Any:

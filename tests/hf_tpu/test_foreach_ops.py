@@ -150,3 +150,24 @@ def test_views_written_in_place_keep_the_loop() -> None:
     torch._foreach_mul_([base_c[0:2], base_c[1:3]], 2.0)
     torch._foreach_mul_([base_t[0:2], base_t[1:3]], 2.0)
     torch.testing.assert_close(base_t.cpu(), base_c, rtol=0, atol=0)
+
+
+def test_tensors_reshaped_from_their_buffer_written_in_one_program() -> None:
+    """Gradients are often reshapes of a whole buffer (24 of a GPT-2's 76): written back in the buffer's
+    shape by the call's own program, not reshaped by one program each (clip_grad_norm_'s scaling)."""
+    from hf_tpu import tensor as T
+
+    torch.manual_seed(0)
+    cpu = [torch.randn(1, 6), torch.randn(2, 3), torch.randn(4)]
+    tpu = [t.to("tpu").reshape(-1) for t in cpu]
+    assert [T.payload(t).buf.shape != tuple(t.shape) for t in tpu] == [True, True, False]
+    cpu = [t.reshape(-1) for t in cpu]
+    coef_c, coef_t = torch.tensor(0.3), torch.tensor(0.3, device="tpu")
+    torch._foreach_mul_(cpu, coef_c)
+    torch._foreach_mul_(tpu, coef_t)  # compiles
+    torch._foreach_mul_(cpu, coef_c)
+    before = counters.count("eager_programs")
+    torch._foreach_mul_(tpu, coef_t)
+    assert counters.count("eager_programs") - before == 1
+    for a, b in zip(tpu, cpu, strict=True):
+        torch.testing.assert_close(a.cpu(), b, rtol=0, atol=0)
