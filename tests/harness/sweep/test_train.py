@@ -268,3 +268,68 @@ def test_rounding_dominated_train_row_needs_tpu_as_near_float64_as_cpu():
     assert train.rounding_dominated(cpu, noisy(0.2, lr_b=1.05), truth, tol, 3) == ""
     assert train.rounding_dominated(cpu, noisy(2.0), truth, tol, 3) == ""
     assert train.rounding_dominated(cpu, noisy(0.2), None, tol, 3) == ""  # no float64 run: nothing said
+
+
+def test_rounding_dominated_judges_against_float32s_spread_over_two_runs():
+    """One float32 run is one sample: on a tensor float32 does not determine, CPU may land near float64 by chance
+    (BLIP-2's layer-0 qkv weight: 2.9e-4 x scale, a run nudged by one ulp 0.25, tpu 1.5e-3). With the nudged
+    run, tpu is judged against the spread of both; a well-determined gradient 5% off still fails."""
+    import torch
+
+    tol = numerics.tolerance_for("test:x", "highest", "float32")
+    g = torch.Generator().manual_seed(0)
+    truth = {"grad.a": torch.randn(64, generator=g, dtype=torch.float64) * 1e-8,  # cancelled: float32 is noise
+             "weight.c": torch.randn(64, generator=g, dtype=torch.float64),  # undetermined: CPU lucky here
+             "grad.b": torch.randn(64, generator=g, dtype=torch.float64)}  # well determined
+
+    def run(size_a: float, size_c: float, lr_b: float = 1.0) -> dict:
+        return {"grad.a": (truth["grad.a"] + size_a * 1e-8 * torch.randn(64, generator=g, dtype=torch.float64)).float(),
+                "weight.c": (truth["weight.c"] * (1 + size_c * torch.randn(64, generator=g, dtype=torch.float64))).float(),
+                "grad.b": (truth["grad.b"] * lr_b).float()}
+
+    cpu, nudged = run(0.2, 3e-4), run(0.2, 0.25)
+    tpu = run(0.2, 1.5e-3)
+    assert not numerics.reference_valid(cpu, truth, tol)[0]
+    assert train.rounding_dominated(cpu, tpu, truth, tol, 3) == ""  # 5x the lucky run's distance on weight.c
+    assert "float32's spread" in train.rounding_dominated(cpu, tpu, truth, tol, 3, nudged)
+    assert train.rounding_dominated(cpu, run(0.2, 1.5e-3, lr_b=1.05), truth, tol, 3, nudged) == ""
+    assert train.rounding_dominated(cpu, run(0.2, 2.0), truth, tol, 3, nudged) == ""  # beyond 3x the spread
+
+
+def test_nudge_moves_every_element_one_ulp_by_a_seeded_coin():
+    import torch
+
+    p = torch.randn(1000)
+    a, b = p.clone(), p.clone()
+    train._nudge([a], 24)
+    train._nudge([b], 24)
+    assert torch.equal(a, b)  # the same coin for the same seed
+    up, down = torch.nextafter(p, torch.tensor(float("inf"))), torch.nextafter(p, torch.tensor(float("-inf")))
+    assert bool(((a == up) | (a == down)).all())
+    assert 400 < int((a == up).sum()) < 600
+
+
+def test_a_reference_refused_for_the_baselines_rounding_runs_the_nudged_baseline(tmp_path, monkeypatch):
+    """The spread run happens (its own phase and --timeout budget) and reaches the mode's judgement."""
+    (entry,) = testzoo.parse_spec("test:pass")
+    opts = SweepOptions(zoo="test:pass", device="tpu", out=str(tmp_path / "run"), run_id="t", timeout=300,
+                        memory_cap_gb=4, progress="none", repeats=1, precision="highest", phases=("train",))
+    monkeypatch.setattr(numerics, "reference_valid", lambda *a: (False, "grad.x: rmse(fp64, cpu) = 0.2 x scale > 0.01"))
+    seen = {}
+    real_nudged, real_run_train = train.nudged, train.run_train
+
+    def spy_nudged(*a, **k):
+        seen["nudged"] = real_nudged(*a, **k)
+        return seen["nudged"]
+
+    def spy_run_train(*a, **k):
+        seen["spread"] = a[14] if len(a) > 14 else k.get("spread")
+        return real_run_train(*a, **k)
+
+    monkeypatch.setattr(train, "nudged", spy_nudged)
+    monkeypatch.setattr(train, "run_train", spy_run_train)
+    events = []
+    run_entry(entry, ("eager",), opts, get_device("tpu"), lambda k, p: events.append((k, p)))
+    assert ("phase", "train-spread") in events
+    assert seen["nudged"] is not None and seen["spread"] is seen["nudged"]
+    assert any(n.startswith("weight.") for n in seen["nudged"])
