@@ -269,3 +269,43 @@ def _topk(x: Any, k: int, dim: int = -1, largest: bool = True, sorted: bool = Tr
     values = jnp.take_along_axis(rows, idx, axis=1)
     out = (values.reshape(*lead, k), idx.reshape(*lead, k))
     return tuple(jnp.moveaxis(o, -1, dim) for o in out)
+
+
+
+def _median_dim(ignore_nan: bool) -> Any:
+    """median.dim / nanmedian.dim as CPU's median_with_indices_impl: std::nth_element over the positions at
+    (n - 1) / 2 (nanmedian: (n - NaNs - 1) / 2) with the comparator "a < b, or a == b and a's position is
+    lower" (nanmedian: or b is NaN and a is not), a total order, so the element found is that rank of the
+    stable sort of (value, position), -0.0 equal to 0.0; median returns a row's first NaN if it has one.
+    torchax's jnp.quantile-based index took another element of a tie (masked.median's gradient went there)."""
+    def lowering(x: Any, dim: int = 0, keepdim: bool = False) -> tuple[Any, Any]:
+        jax = _jax()
+        jnp = jax.numpy
+        if x.ndim == 0:
+            return x, jnp.zeros((), jnp.int64)
+        dim %= x.ndim
+        moved = jnp.moveaxis(x, dim, -1)
+        lead, n = moved.shape[:-1], moved.shape[-1]
+        rows = moved.reshape(-1, n)
+        nan = jnp.isnan(rows) if jnp.issubdtype(rows.dtype, jnp.floating) else jnp.zeros(rows.shape, bool)
+        count = nan.sum(axis=1).astype(jnp.int32)
+        order = jnp.argsort(order_key(rows, False), axis=1, stable=True).astype(jnp.int32)
+        nth = _half(n - count - 1) if ignore_nan else jnp.full_like(count, (n - 1) // 2)
+        idx = jnp.take_along_axis(order, nth[:, None], axis=1)[:, 0]
+        if not ignore_nan:
+            idx = jnp.where(count > 0, jnp.argmax(nan, axis=1).astype(jnp.int32), idx)
+        else:  # a row of NaNs only: all tie, so the position is nth_element's arrangement of n equal keys at 0
+            tied = _introselect(jnp.zeros((n,), jnp.int32), jnp.arange(n, dtype=jnp.int32), 0)[1][0]
+            idx = jnp.where(count == n, tied, idx)
+        idx = idx.astype(jnp.int64)
+        values = jnp.take_along_axis(rows, idx[:, None], axis=1)[:, 0].reshape(lead)
+        idx = idx.reshape(lead)
+        if keepdim:
+            values, idx = jnp.expand_dims(values, dim), jnp.expand_dims(idx, dim)
+        return values, idx
+
+    return lowering
+
+
+lowers(aten.median.dim)(_median_dim(False))
+lowers(aten.nanmedian.dim)(_median_dim(True))

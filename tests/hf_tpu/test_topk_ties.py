@@ -62,3 +62,21 @@ def test_distinct_values_and_integer_extremes():
     info = torch.iinfo(torch.int64)
     _check(torch.tensor([info.min, 0, info.max, info.min, info.max, 0]), 3, 0, True, True)
     _check(torch.tensor([info.min, 0, info.max, info.min, info.max, 0]), 3, 0, False, False)
+
+
+@pytest.mark.parametrize("name", ["median", "nanmedian"])
+@pytest.mark.parametrize("n", [2, 5, 8, 33, 100])
+def test_median_dim_ties_and_nans_take_cpus_index(name: str, n: int) -> None:
+    """median/nanmedian along a dim replay CPU's std::nth_element (topk_ties._median_dim): among tied values
+    the index CPU returns (their gradients go there), a row's first NaN for median, NaNs skipped by nanmedian."""
+    g = torch.Generator().manual_seed(n)
+    x = torch.randint(0, 4, (6, n), generator=g).float()
+    x[1, ::3] = float("nan")
+    x[2, :] = float("nan")
+    x[3, :] = 0.0
+    x[4, 1::2] = -0.0
+    fn = getattr(torch, name)
+    for dim, keepdim in ((1, False), (0, True)):
+        e, a = fn(x, dim, keepdim), fn(x.to("tpu"), dim, keepdim)
+        assert torch.equal(e.indices, a.indices.cpu())
+        assert torch.allclose(e.values, a.values.cpu(), equal_nan=True)
