@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from hf_tpu import decomposed, lowering, op_registry
+from hf_tpu.grid_sampler import grid_sampler_float32
 from hf_tpu.op_registry import lowers
 
 aten = torch.ops.aten
@@ -131,7 +132,8 @@ def _convolution_backward_graph(grad: Any, x: Any, weight: Any, bias_sizes: Any,
 def _grid_sampler(fwd_op: Any) -> Callable[..., Any]:
     def backward(grad: Any, x: Any, grid: Any, mode: int, padding_mode: int, align_corners: bool,
                  output_mask: Any) -> tuple[Any, Any]:
-        fn = forward(fwd_op)
+        # the float32 forward (the half lowering rounds every step, which has no useful derivative)
+        fn = grid_sampler_float32(fwd_op)
         gx, gg = _vjp(lambda v, g: fn(v, g, mode, padding_mode, align_corners), (x, grid), grad)
         return (gx if output_mask[0] else None, gg if output_mask[1] else None)
 

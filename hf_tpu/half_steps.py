@@ -4,7 +4,9 @@ evaluation rounds once and so differs from CPU (found by tests/hf_tpu/op_parity.
 
   _adaptive_avg_pool3d -> adaptive_avg_pool3d_out_frame: each window summed in the half type in (t, h, w)
                           order, then divided by kT, kH and kW in turn, each quotient rounded
-  soft_margin_loss     -> neg_out(input).mul_(target).exp_().log1p_() on half tensors, then the reduction
+  soft_margin_loss     -> neg_out(input).mul_(target).exp_().log1p_() on half tensors, then the reduction,
+                          and its backward: -norm * target * z / (1 + z) * grad_output, each step rounded
+  _trilinear           -> bilinear's kernel: two contractions (GEMMs), each rounded, slices added in turn
 
 Other dtypes keep torchax's lowering or PyTorch's decomposition.
 """
@@ -179,3 +181,4 @@ def _trilinear(i1: Any, i2: Any, i3: Any, expand1: Any, expand2: Any, expand3: A
     if 0 in (i1.size, i2.size, i3.size):
         return jnp.zeros(shape, dtype)
     return out.reshape(shape).astype(dtype)
+

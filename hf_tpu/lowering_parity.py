@@ -296,8 +296,8 @@ def opmath(fn: Callable[..., Any], pointwise: Any = None) -> Callable[..., Any]:
 OPMATH = op_registry.mark("opmath", {
     aten.cumsum.default, aten.cumprod.default, aten.logcumsumexp.default, aten.fmod.Tensor, aten.fmod.Scalar,
     aten.native_layer_norm_backward.default,  # (the forward is half_kernels' own: its statistics' dtypes)
-    aten.grid_sampler_2d.default, aten.grid_sampler_3d.default, aten.native_group_norm.default,
-    aten.native_group_norm_backward.default, aten.polygamma.default,
+    aten.native_group_norm.default, aten.native_group_norm_backward.default, aten.polygamma.default,
+    # (the grid samplers are half_steps': every step in the half type, or float32 as here outside bilinear/zeros)
     # a Python scalar meets a half tensor in CPU's kernels at float32 (x * 2.302585 keeps the scalar's digits;
     # JAX would round it to the half type first): log10's and others' gradients
     aten.mul.Scalar, aten.div.Scalar, aten.add.Scalar, aten.sub.Scalar,

@@ -46,6 +46,7 @@ HF_TPU_LAYERS: list[tuple[str, list[str]]] = [
      ["hf_tpu.op_jit", "hf_tpu.decomposed", "hf_tpu.plans", "hf_tpu.serialization", "hf_tpu.foreach_add", "hf_tpu.optim_lowerings",
       "hf_tpu.cross_entropy"]),
     ("the eager lowering table", ["hf_tpu.lowering"]),
+    ("grid samplers (their fallback runs a decomposition)", ["hf_tpu.grid_sampler"]),
     ("backward kernels", ["hf_tpu.backward_lowerings"]),
     ("eager functional ops: their dtypes, their programs; foreach ops as one program",
      ["hf_tpu.op_dtypes", "hf_tpu.eager_functional", "hf_tpu.foreach_ops"]),

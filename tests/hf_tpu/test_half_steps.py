@@ -51,3 +51,18 @@ def test_embedding_bag_accumulates_in_float32(dtype: torch.dtype, mode: str, wei
     actual = F.embedding_bag(idx.to("tpu"), w.to("tpu"), offsets.to("tpu"), mode=mode,
                              per_sample_weights=None if psw is None else psw.to("tpu"))
     assert torch.equal(expected, actual.cpu())
+
+
+@pytest.mark.parametrize("dtype", HALF, ids=str)
+@pytest.mark.parametrize("spatial", [2, 3])
+@pytest.mark.parametrize("align_corners", [False, True])
+def test_grid_sampler_bilinear_zeros_steps_in_the_half_type(dtype: torch.dtype, spatial: int,
+                                                           align_corners: bool) -> None:
+    """hf_tpu/grid_sampler.py: coordinates, corner weights and the sum of corners each rounded to the half
+    type, as CPU's kernels; the grid reaches past [-1, 1] so corners fall outside (zeros padding)."""
+    g = torch.Generator().manual_seed(spatial)
+    size = (2, 3, 9, 11) if spatial == 2 else (2, 3, 5, 6, 7)
+    x = (torch.randn(*size, generator=g) * 3).to(dtype)
+    grid = (torch.rand(2, *([7] * spatial), spatial, generator=g) * 2.4 - 1.2).to(dtype)
+    fn = torch.grid_sampler_2d if spatial == 2 else torch.grid_sampler_3d
+    assert torch.equal(fn(x, grid, 0, 0, align_corners), fn(x.to("tpu"), grid.to("tpu"), 0, 0, align_corners).cpu())
