@@ -80,3 +80,22 @@ def test_median_dim_ties_and_nans_take_cpus_index(name: str, n: int) -> None:
         e, a = fn(x, dim, keepdim), fn(x.to("tpu"), dim, keepdim)
         assert torch.equal(e.indices, a.indices.cpu())
         assert torch.allclose(e.values, a.values.cpu(), equal_nan=True)
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.float32], ids=str)
+@pytest.mark.parametrize("n", [1, 2, 3, 5, 8, 33, 100])
+def test_kthvalue_ties_take_cpus_index(dtype: torch.dtype, n: int) -> None:
+    """kthvalue replays CPU's quick_select_template (topk_ties._kthvalue): among tied values the index CPU
+    returns, every k, along either dim; NaNs (largest) and -0.0 in the float rows."""
+    g = torch.Generator().manual_seed(n)
+    x = torch.randint(0, 4, (5, n), generator=g).to(dtype)
+    if dtype.is_floating_point:
+        x[1, ::3] = float("nan")
+        x[2, 1::2] = -0.0
+    for k in range(1, n + 1, max(1, n // 6)):  # each k is a program of its own
+        e, a = torch.kthvalue(x, k, 1), torch.kthvalue(x.to("tpu"), k, 1)
+        assert torch.equal(e.indices, a.indices.cpu()), k
+        assert torch.allclose(e.values, a.values.cpu(), equal_nan=True)
+    for k in (1, 3, 5):
+        e, a = torch.kthvalue(x, k, 0, keepdim=True), torch.kthvalue(x.to("tpu"), k, 0, keepdim=True)
+        assert torch.equal(e.indices, a.indices.cpu()), k
