@@ -358,6 +358,11 @@ def assign(t: torch.Tensor, new: Any) -> None:
     # the value as the write needs it: t's dtype, broadcast to t's shape, in the frame the write takes
     frame = buf.shape if p.view is None and buf.numel == math.prod(shape) else (
         views.sizes(p.view) if p.view is not None else shape)
+    if p.view is None and new.shape == shape and new.dtype == want and buf.numel == new.size:
+        # t is the whole buffer in another shape (a gradient made by reshaping a whole result: 24 of a GPT-2's
+        # 76): the buffer takes t's shape rather than a reshape program per write; an alias of the old shape
+        # reads it through `fit` (views read the buffer flat, whatever its shape)
+        frame = shape
     if new.dtype != want or new.shape != frame:
         new = _conform(new, shape, want, frame)
     if p.view is None and buf.numel == new.size:
