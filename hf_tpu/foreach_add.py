@@ -13,8 +13,8 @@ state_dict copy) runs the additions of the whole group as one program (`_Group.r
 foreach step pays one program for its counters instead of one per parameter.
 
 Only the plain case is deferred: Python-number scalars, every tensor a whole buffer of its own (no view, no
-buffer twice), floating tensors or integer ones with an integer scalar, and not under launch blocking (where
-an op must finish, and fail, where it is issued). Anything else runs PyTorch's composite kernel as before.
+buffer twice), floating tensors or integer ones with an integer scalar, not under launch blocking (where
+an op must finish, and fail, where it is issued) and not in fused eager mode (which defers the loop's ops). Anything else runs PyTorch's composite kernel as before.
 """
 
 from __future__ import annotations
@@ -103,7 +103,9 @@ def waiting(tensors: list[torch.Tensor]) -> tuple[list[Any], float | int] | None
 
 
 def _deferrable(tensors: list[torch.Tensor], scalar: Any) -> bool:
-    if fused.LAUNCH_BLOCKING or not tensors or type(scalar) not in (int, float):
+    # fused eager mode defers the loop's add_ itself, into the pending graph; deferring here would read
+    # (and so run) each tensor's pending graph on its own (76 graphs for a GPT-2's list)
+    if fused.ACTIVE or fused.LAUNCH_BLOCKING or not tensors or type(scalar) not in (int, float):
         return False
     seen: set[int] = set()
     for t in tensors:

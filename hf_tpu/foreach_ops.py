@@ -16,7 +16,9 @@ float32 per op as CPU does; no scalar value is then traced through a half-precis
 another device, views or a buffer twice among the tensors written in place, a lowering that cannot take a
 traced scalar (found at the first call, then remembered) — runs PyTorch's loop as before. A 6-layer
 GPT-2's foreach AdamW step: 541 programs and 16 programs made per step -> 8 and 0, 0.16-0.29 -> 0.024
-CPU-s.
+CPU-s. In fused eager mode too: the call reads its tensors (their pending graph runs once, as one program)
+and runs its own program; the loop's per-tensor nodes, with the scalars as constants of the graph, ran
+177 programs and made 16 per step there (774 programs with clip_grad_norm_), now 9 and 0 (12).
 """
 
 from __future__ import annotations
@@ -148,7 +150,7 @@ def _program(op: Any, kinds: tuple[str, ...], statics: tuple) -> Callable[..., A
 
 
 def _takes(args: tuple, kinds: tuple[str, ...], inplace: bool) -> bool:
-    if fused.ACTIVE or fused.LAUNCH_BLOCKING or "?" in kinds:
+    if fused.LAUNCH_BLOCKING or "?" in kinds:
         return False
     if inplace:  # tensors written in place: whole buffers, each once (the loop writes overlapping ones in turn)
         bufs = set()
