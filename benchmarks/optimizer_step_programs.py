@@ -100,7 +100,7 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=6)
     ap.add_argument("--width", type=int, default=64)
     ap.add_argument("--steps", type=int, default=4)
-    ap.add_argument("--only", default="", help="comma-separated configuration names (default: all)")
+    ap.add_argument("--only", default="", help="configuration names separated by ';' (default: all)")
     args = ap.parse_args()
     import torch
     import transformers
@@ -113,7 +113,7 @@ def main() -> None:
           "| programs by op |")
     print("|---|---|---|---|---|---|---|")
     for name, cfg in CONFIGS.items():
-        if args.only and name not in args.only.split(","):
+        if args.only and name not in args.only.split(";"):
             continue
         measure(name, cfg, args.layers, args.width, args.steps)
 

@@ -67,6 +67,9 @@ _SINGLE: dict[Any, tuple[Any, str | None]] = {
     aten._foreach_add.Scalar: (aten.add.Scalar, None),
     aten._foreach_add.List: (aten.add.Tensor, None),
     aten._foreach_norm.Scalar: (aten.linalg_vector_norm.default, None),
+    # capturable foreach Adam/AdamW's bias corrections from the on-device step counts
+    aten._foreach_pow.ScalarAndTensor: (aten.pow.Scalar, None),
+    aten._foreach_reciprocal_.default: (aten.reciprocal.default, None),
 }
 OPS: frozenset[Any] = frozenset(_SINGLE)
 
@@ -162,6 +165,7 @@ def _takes(args: tuple, kinds: tuple[str, ...], inplace: bool) -> bool:
                 return False
             bufs.add(id(p.buf))
     n = None
+    dtype = args[kinds.index("T")][0].dtype if "T" in kinds else None
     for x, k in zip(args, kinds, strict=True):
         if k == "T":
             if n is None:
@@ -169,7 +173,7 @@ def _takes(args: tuple, kinds: tuple[str, ...], inplace: bool) -> bool:
             elif len(x) != n:
                 return False
             for t in x:
-                if not T.is_tpu(t) or t.dtype not in _FLOATS or t.dtype != args[0][0].dtype:
+                if not T.is_tpu(t) or t.dtype not in _FLOATS or t.dtype != dtype:
                     return False
         elif k == "t" and (not T.is_tpu(x) or x.dim() != 0 or x.dtype not in _FLOATS):
             return False
@@ -200,13 +204,13 @@ def kernel(op: Any) -> Callable[..., Any]:
             return loop(*args, **kwargs)
         values = [None if k == "c" else [T.value(t) for t in x] if k == "T" else T.value(x) if k == "t"
                   else (list(x) if k == "S" else x) for x, k in zip(full, kinds, strict=True)]
+        selfs = full[kinds.index("T")]  # the first list (`self`, or pow's exponents after a scalar base)
         try:
-            frames = _frames(full[0]) if inplace else (None,) * len(full[0])
-            outs = _program(op, kinds, statics)(len(full[0]), frames, *values)
+            frames = _frames(selfs) if inplace else (None,) * len(selfs)
+            outs = _program(op, kinds, statics)(len(selfs), frames, *values)
         except Exception:  # noqa: BLE001 - a lowering that cannot take a traced scalar: PyTorch's loop
             _refused.add(key)
             return loop(*args, **kwargs)
-        selfs = full[0]
         if inplace:
             for t, a in zip(selfs, outs, strict=True):
                 T.assign(t, a)

@@ -171,3 +171,18 @@ def test_tensors_reshaped_from_their_buffer_written_in_one_program() -> None:
     assert counters.count("eager_programs") - before == 1
     for a, b in zip(tpu, cpu, strict=True):
         torch.testing.assert_close(a.cpu(), b, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("amsgrad", [False, True])
+def test_capturable_foreach_adamw_in_few_programs(amsgrad: bool, highest) -> None:
+    """AdamW(foreach, capturable) computes its bias corrections from the step counts on tpu with
+    `_foreach_pow(beta, steps)` and `_foreach_reciprocal_`: one program each (they looped: 243 programs per
+    step for a 6-layer GPT-2, 18 now); the result is CPU's foreach AdamW's (which keeps its counts on CPU)
+    within the float32 rounding of computing the corrections in tensors."""
+    kwargs = dict(lr=1e-2, weight_decay=0.1, amsgrad=amsgrad)
+    with cpu_reference():
+        ref, _, _ = _train("cpu", torch.optim.AdamW, kwargs)
+    got, programs, made = _train("tpu", torch.optim.AdamW, {**kwargs, "capturable": True})
+    for k, v in ref.items():
+        torch.testing.assert_close(got[k], v, rtol=1e-5, atol=1e-5, msg=k)
+    assert max(programs[2:]) <= 20 and made == 0, (programs, made)
