@@ -115,6 +115,16 @@ def _kind(name: str, x: Any) -> str:
     return "c" if x is None or type(x) in (int, float, bool, torch.dtype) else "?"
 
 
+def _keyword(arg: Any, single_names: set[str], rename: str | None) -> str | None:
+    """The keyword a foreach op's argument takes in the single op, or None for a positional one: add's
+    alpha, the norm's dtype, addcdiv's value (which the ScalarList form calls `scalars`)."""
+    if arg.name == "scalars":
+        return rename
+    if arg.name in single_names and (arg.kwarg_only or arg.name in ("dtype", rename)):
+        return arg.name
+    return None
+
+
 @functools.cache
 def _program(op: Any, kinds: tuple[str, ...], statics: tuple) -> Callable[..., Any]:
     """The call's program: every element's single-tensor op, in one jitted function of the lists, tensors
@@ -125,13 +135,8 @@ def _program(op: Any, kinds: tuple[str, ...], statics: tuple) -> Callable[..., A
     fn = _HAND.get(single) or lowering.find(single)
     if fn is None:
         raise LookupError(f"no lowering for {single}")
-    args_of = op._schema.arguments
     single_names = {a.name for a in single._schema.arguments}
-    # each argument goes to the single op by position, or as its keyword where the single op takes it so
-    # (add's alpha, the norm's dtype, addcdiv's value, which the foreach op calls `scalars`)
-    keyword = [rename if a.name == "scalars" and rename else a.name if (
-        a.kwarg_only or a.name == "dtype" or a.name == rename) and a.name in single_names | {"scalars"} else None
-        for a in args_of]
+    keyword = [_keyword(a, single_names, rename) for a in op._schema.arguments]
     const = dict(statics)
 
     def run(n: int, frames: tuple, *values: Any) -> list[Any]:
