@@ -167,6 +167,9 @@ PER_OP_KERNELS = op_registry.mark("per_op_kernel", (
     _aten._copy_from_and_resize.default,
     _aten.convolution_backward_overrideable.default,  # its composite kernel only raises (backward_lowerings.py)
     _aten._neg_view.default,  # composite: it would set the negative bit (dispatch._conj says why not)
+    # composite outside CPU/CUDA: op by op, each rounded to a half input's type, where CPU's kernel computes in
+    # float32 and rounds once (lowering_parity's OPMATH); as one op it gets that lowering
+    _aten.mish_backward.default,
     # composite: a loop of single-tensor ops, one program per tensor; ours defers the step counters' add
     # (foreach_add.py) and runs torch.optim's other foreach ops as one program per call (foreach_ops.py)
     _aten._foreach_add_.Scalar,

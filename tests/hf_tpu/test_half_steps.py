@@ -66,3 +66,17 @@ def test_grid_sampler_bilinear_zeros_steps_in_the_half_type(dtype: torch.dtype, 
     grid = (torch.rand(2, *([7] * spatial), spatial, generator=g) * 2.4 - 1.2).to(dtype)
     fn = torch.grid_sampler_2d if spatial == 2 else torch.grid_sampler_3d
     assert torch.equal(fn(x, grid, 0, 0, align_corners), fn(x.to("tpu"), grid.to("tpu"), 0, 0, align_corners).cpu())
+
+
+@pytest.mark.parametrize("dtype", HALF, ids=str)
+def test_mish_backward_is_one_float32_evaluation(dtype: torch.dtype) -> None:
+    """mish_backward is composite outside CPU/CUDA (op by op, each rounded to the half type); tpu registers it
+    as one op (device.PER_OP_KERNELS) whose lowering computes in float32 and rounds once, as CPU's kernel."""
+    x = _randn(3000, seed=0, dtype=dtype, scale=4.0)
+    g = (torch.rand(3000, generator=torch.Generator().manual_seed(1)) + 0.5).to(dtype)
+    grads = []
+    for dev in ("cpu", "tpu"):
+        v = x.detach().clone().to(dev).requires_grad_()
+        (grad,) = torch.autograd.grad(F.mish(v), v, g.to(dev))
+        grads.append(grad.cpu())
+    assert torch.equal(*grads)
