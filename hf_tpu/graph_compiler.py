@@ -16,7 +16,7 @@ from torch.utils import _pytree as pytree
 
 from hf_tpu import (backward_lowerings, counters, dtypes, float8, fused, lowering, op_registry, precision, rng,
                     xla_options)
-from hf_tpu import graph_ident, graph_parity, host_copy
+from hf_tpu import errors, graph_ident, graph_parity, host_copy
 from hf_tpu import tensor as T
 from hf_tpu.op_registry import lowers
 from hf_tpu.torchax_compat import load_op_table
@@ -42,9 +42,16 @@ _GRAPH = op_registry.table("graph")
 _SYMBOLIC_SCALARS = (torch.SymInt, torch.SymFloat, torch.SymBool, int, float, bool)
 
 
-def _lower_node_target(target: Any) -> Callable[..., Any]:
+def _lower_node_target(target: Any, node: torch.fx.Node | None = None) -> Callable[..., Any]:
     fn = _GRAPH.get(target) or backward_lowerings.find(target) or lowering.find(target)
     if fn is None:
+        # A node made by a decomposition (decompositions() decomposes only ops we cannot lower) carries the
+        # ATen op of the user's program in meta["original_aten"]: name that one, the op to write a lowering
+        # for, and the decomposition's op that had none either.
+        original = node.meta.get("original_aten") if node is not None else None
+        if isinstance(original, torch._ops.OpOverload) and original != target:
+            raise lowering.NoLowering(original, f" (in a compiled graph; its decomposition's {errors.op_name(target)} has none "
+                                                "either)")
         raise lowering.NoLowering(target, " (in a compiled graph)")
     return fn
 
@@ -142,7 +149,7 @@ def to_jax_function(gm: torch.fx.GraphModule,
     strided_from: dict[torch.fx.Node, torch.fx.Node] = {}  # as_strided node -> the view chain's base node
     for n in nodes:
         if n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload):
-            fns[n] = _lower_node_target(n.target)  # fail at compile time, naming the op
+            fns[n] = _lower_node_target(n.target, n)  # fail at compile time, naming the op
             promote = _integral_promotion(n)
             if promote is not None:
                 fns[n] = _promoted(fns[n], promote)
@@ -377,9 +384,15 @@ def _register_fake_rules() -> None:
 _register_fake_rules()
 
 
-@functools.cache
 def decompositions() -> dict[Any, Any]:
     """Core ATen decompositions, plus torchax's, for ops we have no JAX lowering for."""
+    # Cached per lowering table: hooks.override_lowerings (fault injection) swaps `lowering.find` for a
+    # block, and a table made under it (decomposing an op only the override lacked) must not outlive it.
+    return _decompositions(lowering.find)
+
+
+@functools.cache
+def _decompositions(find: Callable[[Any], Any]) -> dict[Any, Any]:
     from torch._decomp import core_aten_decompositions
 
     _, tx = load_op_table()
@@ -401,7 +414,7 @@ def decompositions() -> dict[Any, Any]:
         if op not in table and op not in ruled:
             table[op] = fn
     # keep ops we lower directly whole (fewer, larger XLA ops); decompose only what we cannot lower
-    return {op: fn for op, fn in table.items() if lowering.find(op) is None}
+    return {op: fn for op, fn in table.items() if find(op) is None}
 
 
 # torchax's rand_like decomposition makes its tensor on the default device (`torch.rand(self.shape)`): in a

@@ -142,9 +142,14 @@ def _walk(g: Graph, precision: str, tol, want_op: str, compare_values: bool) -> 
         env[n] = cpu_out
         fn = lowering.find(n.target)
         if fn is None:
-            if not want_op or want_op == name:
-                return NodeFinding(n.name, name, module, cls, call, "missing_lowering",
-                                   f"no JAX lowering for {name} in a compiled graph")
+            # a decomposition's node: the backend's error names the user's ATen op (meta["original_aten"])
+            orig = n.meta.get("original_aten")
+            orig_name = op_name(orig) if isinstance(orig, torch._ops.OpOverload) and orig != n.target else ""
+            if not want_op or want_op in (name, orig_name):
+                found = orig_name or name
+                return NodeFinding(n.name, found, module, cls, call, "missing_lowering",
+                                   f"no JAX lowering for {found} in a compiled graph"
+                                   + (f" (nor for {name}, its decomposition's op)" if orig_name else ""))
             continue
         try:
             jargs, jkwargs = torch.fx.node.map_arg((args, kwargs), lambda a: a)

@@ -203,8 +203,16 @@ def serializable_backend(gm: torch.fx.GraphModule, example_inputs: list[Any], **
     bounded_frames.static_shapes_by_default()
     counters.bump("graphs")
     start = time.perf_counter()
+    # AOTAutograd's cache is on by default in PyTorch, in Inductor's directory, keyed without the
+    # decompositions a backend applies: left so, it served graphs decomposed under another lowering table
+    # (another hf-tpu, or hooks.override_lowerings' fault injection) and they failed on ops only that table
+    # lacked. Here, as on the ordinary path, it is hf_tpu's salted directory (aot_cache.py) or off.
+    from hf_tpu.compile_cache import aot_cache
+
+    scope = aot_cache.active() if aot_cache.enabled() else torch._functorch.config.patch(enable_autograd_cache=False)
     try:
-        return serializable_aot_autograd(gm, example_inputs, **kwargs)
+        with scope:
+            return serializable_aot_autograd(gm, example_inputs, **kwargs)
     finally:
         counters.bump_time("aot_s", time.perf_counter() - start)
 

@@ -47,6 +47,33 @@ def test_missing_lowering_names_the_op(missing_lowering) -> None:
     assert info.value.op == "aten::erfinv.default"
 
 
+def test_missing_lowering_in_a_compiled_graph_names_the_users_op(missing_lowering) -> None:
+    """The graph compiler decomposes an op it cannot lower (erfinv -> prims.erf_inv); when the decomposition's
+    op has no lowering either, the error names the user's op, the one to write a lowering for."""
+    torch._dynamo.reset()
+    f = torch.compile(lambda x: torch.erfinv(x * 0.5), backend="tpu")
+    with pytest.raises(Exception, match=r"no JAX lowering for aten::erfinv.default") as info:
+        f(torch.rand(3, device="tpu"))
+    inner = getattr(info.value, "inner_exception", info.value)  # Dynamo shortens the message it wraps
+    assert inner.op == "aten::erfinv.default" and "prims::erf_inv" in str(inner)
+    torch._dynamo.reset()
+
+
+def test_an_override_does_not_outlive_its_block() -> None:
+    """Decompositions chosen while an op's lowering was overridden away (diagnose's fault injection) are
+    forgotten with the override: the same graph compiles and matches CPU after it."""
+    op = torch.ops.aten.erfinv.default
+    x = torch.rand(3) * 0.5
+    torch._dynamo.reset()
+    with hooks.override_lowerings(lambda o, fn: hooks.NO_LOWERING if o is op else None):
+        with pytest.raises(Exception, match="erfinv"):
+            torch.compile(lambda t: torch.erfinv(t * 0.5), backend="tpu")(x.to("tpu"))
+    torch._dynamo.reset()
+    out = torch.compile(lambda t: torch.erfinv(t * 0.5), backend="tpu")(x.to("tpu"))
+    torch.testing.assert_close(out.cpu(), torch.erfinv(x * 0.5))
+    torch._dynamo.reset()
+
+
 def test_cpu_fallback_runs_and_records(missing_lowering, monkeypatch) -> None:
     monkeypatch.setenv("HF_TPU_CPU_FALLBACK", "1")
     hf_tpu.reset_fallback_ops()

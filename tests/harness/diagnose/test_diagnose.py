@@ -147,7 +147,7 @@ def test_compiled_missing_lowering_is_located(fault, tmp_path) -> None:
 def test_compiled_perturbed_lowering_is_located(fault, tmp_path) -> None:
     fault("perturb_gelu")
     d = diagnose_built(built(), "test/net", "compiled", out_dir=tmp_path / "d")
-    assert d.status == "fail_accuracy"
+    assert d.status == "fail_accuracy", (d.error_type, d.error_message)
     assert d.located_op == "aten::gelu.default"
     assert d.located_module == "mlp.act"
     r = run_repro(d.repro_path, "perturb_gelu", tmp_path)
