@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from hf_tpu.half_kernels import half_rounded
+from hf_tpu.half_kernels import _vector_block, half_rounded
 from hf_tpu.op_registry import lowers
 
 aten = torch.ops.aten
@@ -182,3 +182,37 @@ def _trilinear(i1: Any, i2: Any, i3: Any, expand1: Any, expand2: Any, expand3: A
         return jnp.zeros(shape, dtype)
     return out.reshape(shape).astype(dtype)
 
+
+
+@lowers(aten.prod.dim_int)
+def _prod_dim(x: Any, dim: int, keepdim: bool = False, *, dtype: Any = None) -> Any:
+    """prod along a dim: for half inputs CPU's reduction kernel multiplies in the half type (binary_kernel_reduce_vec
+    with `a * b` on scalar_t), each product rounded, in order along the dim where the dim is not the innermost
+    or shorter than a vector (measured bit-equal on (1000, 4) along dim 0, (50, 30) along either, (6, 17) and
+    OpInfo's (5, 5, 5)); XLA's product of float32 values rounded once put 8 of 25 float16 OpInfo elements an ulp
+    off, and prod's gradient (result / input) carried it. Other dtypes: a plain product."""
+    jax = _jax()
+    jnp = jax.numpy
+    if dtype is not None:
+        from hf_tpu import dtypes
+
+        x = x.astype(dtypes.to_jax(dtype) if isinstance(dtype, torch.dtype) else dtype)
+    if x.ndim == 0:
+        return x
+    dim %= x.ndim
+    if x.dtype not in (jnp.bfloat16, jnp.float16):
+        if x.dtype == jnp.bool_:
+            x = x.astype(jnp.int64)
+        elif jnp.issubdtype(x.dtype, jnp.integer):
+            x = x.astype(jnp.int64)  # PyTorch's prod of an integer tensor is int64
+        return jnp.prod(x, axis=dim, keepdims=keepdim)
+    half = x.dtype
+    inner = all(s == 1 for s in x.shape[dim + 1:])
+    if inner and x.shape[dim] >= _vector_block():
+        # a long contiguous row: CPU multiplies vector lanes (Vectorized<Half>) and combines them, an order not
+        # emulated here; float32 rounded once, as before
+        return jnp.prod(x.astype(jnp.float32), axis=dim, keepdims=keepdim).astype(half)
+    moved = jnp.moveaxis(x.astype(jnp.float32), dim, 0)
+    out = jax.lax.scan(lambda acc, v: (half_rounded(acc * v, half), None), jnp.ones(moved.shape[1:], jnp.float32),
+                       moved)[0].astype(half)
+    return jnp.expand_dims(out, dim) if keepdim else out

@@ -80,3 +80,20 @@ def test_mish_backward_is_one_float32_evaluation(dtype: torch.dtype) -> None:
         (grad,) = torch.autograd.grad(F.mish(v), v, g.to(dev))
         grads.append(grad.cpu())
     assert torch.equal(*grads)
+
+
+@pytest.mark.parametrize("dtype", HALF, ids=str)
+@pytest.mark.parametrize("shape,dim", [((5, 5, 5), 0), ((1000, 4), 0), ((50, 30), 0), ((50, 30), 1),
+                                       ((6, 17), 1), ((3, 7, 40), 1)])
+def test_prod_along_a_dim_multiplies_in_the_half_type(dtype: torch.dtype, shape: tuple, dim: int) -> None:
+    """CPU's prod along a dim (not a long contiguous row) multiplies in order, each product rounded; its
+    gradient (result / input) then matches too."""
+    x = (torch.rand(*shape, generator=torch.Generator().manual_seed(0)) * 0.6 + 0.7).to(dtype)
+    results = []
+    for dev in ("cpu", "tpu"):
+        v = x.detach().clone().to(dev).requires_grad_()
+        out = torch.prod(v, dim)
+        (grad,) = torch.autograd.grad(out, v, torch.ones_like(out))
+        results.append((out.detach().cpu(), grad.cpu()))
+    assert torch.equal(results[0][0], results[1][0])
+    assert torch.equal(results[0][1], results[1][1])
