@@ -49,7 +49,7 @@ def _lower_node_target(target: Any, node: torch.fx.Node | None = None) -> Callab
         # ATen op of the user's program in meta["original_aten"]: name that one, the op to write a lowering
         # for, and the decomposition's op that had none either.
         original = node.meta.get("original_aten") if node is not None else None
-        if isinstance(original, torch._ops.OpOverload) and original != target:
+        if isinstance(original, torch._ops.OpOverload) and errors.op_name(original) != errors.op_name(target):
             raise lowering.NoLowering(original, f" (in a compiled graph; its decomposition's {errors.op_name(target)} has none "
                                                 "either)")
         raise lowering.NoLowering(target, " (in a compiled graph)")

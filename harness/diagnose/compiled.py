@@ -144,7 +144,8 @@ def _walk(g: Graph, precision: str, tol, want_op: str, compare_values: bool) -> 
         if fn is None:
             # a decomposition's node: the backend's error names the user's ATen op (meta["original_aten"])
             orig = n.meta.get("original_aten")
-            orig_name = op_name(orig) if isinstance(orig, torch._ops.OpOverload) and orig != n.target else ""
+            orig_name = op_name(orig) if isinstance(orig, torch._ops.OpOverload) else ""
+            orig_name = "" if orig_name == name else orig_name
             if not want_op or want_op in (name, orig_name):
                 found = orig_name or name
                 return NodeFinding(n.name, found, module, cls, call, "missing_lowering",
