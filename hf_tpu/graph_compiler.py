@@ -38,6 +38,19 @@ def _no_check(*_: Any, **__: Any) -> None:
 # value only feeds runtime asserts (Flaubert: `assert lengths.max().item() <= slen`): the value stays a 0-d
 # array inside the program, the comparisons on it are traced, and the assert on it is dropped as above.
 lowers(torch.ops.aten._local_scalar_dense.default, kind="graph")(lambda x: x)
+
+
+@lowers(torch.ops.aten.view_as_complex.default, kind="graph")
+def _view_as_complex(x: Any) -> Any:
+    """As eager's (view_ops.view_as_complex): float16 pairs are declared unsupported (docs/device.md), where
+    torchax's lowering raised a bare TypeError from jax.lax.complex."""
+    import jax.numpy as jnp
+
+    if x.dtype == jnp.float16:
+        raise errors.Unsupported(torch.ops.aten.view_as_complex.default, "float16 pairs view as complex32 "
+                                 "(torch.chalf), a dtype XLA does not have",
+                                 "Convert to float32 first (x.float()) for a complex64 view.")
+    return x[..., 0] + 1j * x[..., 1]
 _GRAPH = op_registry.table("graph")
 _SYMBOLIC_SCALARS = (torch.SymInt, torch.SymFloat, torch.SymBool, int, float, bool)
 

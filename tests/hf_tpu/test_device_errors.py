@@ -121,3 +121,18 @@ def test_declared_unsupported_ops_name_op_and_alternative(make) -> None:
 
     with pytest.raises(Unsupported, match=r"aten::\w+\.\w+ is not supported on tpu: .+\. .+"):
         make(torch.randn(3, 4).to("tpu"))
+
+
+def test_declared_unsupported_in_a_compiled_graph_too() -> None:
+    """view_as_complex of float16 pairs raises the declared error through torch.compile as in eager (it was a
+    bare TypeError from torchax's lowering); float32 pairs give CPU's complex64."""
+    from hf_tpu.errors import Unsupported
+
+    torch._dynamo.reset()
+    x = torch.randn(3, 2)
+    out = torch.compile(lambda t: torch.view_as_complex(t * 2), backend="tpu")(x.to("tpu"))
+    assert out.dtype == torch.complex64 and torch.equal(out.cpu(), torch.view_as_complex(x * 2))
+    torch._dynamo.reset()
+    with pytest.raises(Unsupported, match=r"aten::view_as_complex.default is not supported on tpu"):
+        torch.compile(lambda t: torch.view_as_complex(t * 2), backend="tpu")(x.half().to("tpu"))
+    torch._dynamo.reset()
