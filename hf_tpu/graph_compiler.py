@@ -16,7 +16,7 @@ from torch.utils import _pytree as pytree
 
 from hf_tpu import (backward_lowerings, counters, dtypes, float8, fused, lowering, op_registry, precision, rng,
                     xla_options)
-from hf_tpu import errors, graph_ident, graph_parity, host_copy
+from hf_tpu import decomposed, errors, graph_ident, graph_parity, host_copy
 from hf_tpu import tensor as T
 from hf_tpu.op_registry import lowers
 from hf_tpu.torchax_compat import load_op_table
@@ -55,8 +55,25 @@ _GRAPH = op_registry.table("graph")
 _SYMBOLIC_SCALARS = (torch.SymInt, torch.SymFloat, torch.SymBool, int, float, bool)
 
 
+def _custom_op_body(target: Any) -> Callable[..., Any] | None:
+    """A torch.library custom op with one Python body for every device (PyTorch's own, such as
+    F.linear_cross_entropy's chunked torch_nn ops, or a user's): Dynamo keeps it whole in the graph, and no
+    lowering knows it; eager runs the body on tpu tensors op by op, so here the body is traced into the
+    program the same way (its sub-ops through their lowerings: decomposed.as_lowering). Per-device bodies
+    only (a CPU body may call numpy) or a mutable schema: None, and the op has no lowering."""
+    from torch._library.custom_ops import OPDEFS
+
+    if not isinstance(target, torch._ops.OpOverload) or target.namespace in ("aten", "prims"):
+        return None  # prims are custom ops too, whose bodies call the ATen op: that op's lowering is the answer
+    opdef = OPDEFS.get(target.name())
+    if opdef is None or opdef._opoverload is not target or target._schema.is_mutable:
+        return None
+    body = opdef._backend_fns.get(None)
+    return None if body is None else decomposed.as_lowering(target, body)
+
+
 def _lower_node_target(target: Any, node: torch.fx.Node | None = None) -> Callable[..., Any]:
-    fn = _GRAPH.get(target) or backward_lowerings.find(target) or lowering.find(target)
+    fn = _GRAPH.get(target) or backward_lowerings.find(target) or lowering.find(target) or _custom_op_body(target)
     if fn is None:
         # A node made by a decomposition (decompositions() decomposes only ops we cannot lower) carries the
         # ATen op of the user's program in meta["original_aten"]: name that one, the op to write a lowering

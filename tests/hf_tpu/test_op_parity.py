@@ -36,8 +36,9 @@ FLOOR_FULL = {"forward": 3050, "backward": 1291}
 # 124 of 128 (was 293/321 and 120/124 earlier the same day). Re-measured 2026-12-03 20:50 by the slow test
 # (pytest -s -k test_opinfo_parity_compiled_sample, main dde3127): forward 313 of 318, backward 132 of 134.
 # Again 2026-12-07 (main 4aa5f2c): forward 313 of 318, backward 133 of 134; with view_as_complex float16 declared
-# unsupported in graphs as in eager: forward 313 of 317 (1 apart), backward 133 of 134.
-FLOOR_COMPILED_SAMPLE = {"forward": 313, "backward": 133}
+# unsupported in graphs as in eager: forward 313 of 317 (1 apart), backward 133 of 134; with custom ops' bodies
+# traced into graphs (linear_cross_entropy.chunked): forward 316 of 317, backward 136 of 137.
+FLOOR_COMPILED_SAMPLE = {"forward": 316, "backward": 136}
 
 
 def _run(stride: int, samples: int, floor: dict[str, int], capsys, compiled: bool = False) -> None:
