@@ -142,11 +142,6 @@ def run_entry(entry, modes: tuple[str, ...], opts: SweepOptions, device: Device,
     # a reference refused only because the baseline's own rounding is far from it still says how far tpu may be
     noisy_fp64 = fp64 if not ref_ok and "rmse(fp64, cpu)" in ref_why else None
     fp64 = fp64 if ref_ok else None
-    spread = None
-    if noisy_fp64 is not None:  # float32's second sample, to judge tpu against float32's spread (train.nudged)
-        emit("phase", "train-spread")
-        spread = train.nudged(built, entry, opts, dtype, rebuild, lambda: emulate.matmul_precision(opts.precision),
-                              tol.data_dependent, null)
     for m in modes:
         rows[m].update(reference=errors.normalise(reference), uninformative=uninformative, drew=drawn.summary(),
                        ties=tied.summary())
@@ -282,17 +277,24 @@ def run_train_phase(entry, built, modes: tuple[str, ...], opts: SweepOptions, de
     # tells whether tpu is as near the truth as CPU (numerics.rounding_dominated), as for the forward
     noisy_fp64 = fp64 if not ref_ok and "rmse(fp64, cpu)" in ref_why else None
     fp64 = fp64 if ref_ok else None
-    spread = None
-    if noisy_fp64 is not None:  # float32's second sample, to judge tpu against float32's spread (train.nudged)
-        emit("phase", "train-spread")
-        spread = train.nudged(built, entry, opts, dtype, rebuild, lambda: emulate.matmul_precision(opts.precision),
-                              tol.data_dependent, null)
+    second: dict = {}
+
+    def spread(mode: str) -> dict | None:
+        """float32's second sample (train.nudged), run once for the first row the rule fails, in its own phase
+        (and --timeout budget): tpu is then judged against float32's spread (train.run_train)."""
+        if "tensors" not in second:
+            emit("phase", "train-spread")
+            second["tensors"] = train.nudged(built, entry, opts, dtype, rebuild,
+                                             lambda: emulate.matmul_precision(opts.precision), tol.data_dependent,
+                                             null)
+            emit("phase", f"train-{mode}")
+        return second["tensors"]
     allow = train_weights.allowances(ref, fp64, tol, opts.train_steps, train.LR)
     for mode in modes:
         emit("phase", f"train-{mode}")
         row = {**base[mode], "reference": errors.normalise(reference),
                **train.run_train(mode, built, entry, ref, fp64, opts, device, tol, dtype, rebuild, _eager_mode,
-                                 null, allow, noisy_fp64, spread)}
+                                 null, allow, noisy_fp64, lambda mode=mode: spread(mode))}
         if getattr(opts, "diagnose", False) and opts.device == "tpu" and row.get("status") in DIAGNOSED:
             emit("phase", f"train-{mode}")  # a fresh --timeout budget for the diagnosis
             from harness.diagnose.train import diagnose_train_row

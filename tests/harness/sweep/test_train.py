@@ -309,27 +309,129 @@ def test_nudge_moves_every_element_one_ulp_by_a_seeded_coin():
     assert 400 < int((a == up).sum()) < 600
 
 
-def test_a_reference_refused_for_the_baselines_rounding_runs_the_nudged_baseline(tmp_path, monkeypatch):
-    """The spread run happens (its own phase and --timeout budget) and reaches the mode's judgement."""
-    (entry,) = testzoo.parse_spec("test:pass")
-    opts = SweepOptions(zoo="test:pass", device="tpu", out=str(tmp_path / "run"), run_id="t", timeout=300,
+def _spread_runs(kind, tmp_path, monkeypatch, modes=("eager", "fused")):
+    """The train rows of test:`kind`, the phase events and the nudged runs made (train.nudged)."""
+    (entry,) = testzoo.parse_spec(f"test:{kind}")
+    opts = SweepOptions(zoo=f"test:{kind}", device="tpu", out=str(tmp_path / "run"), run_id="t", timeout=300,
                         memory_cap_gb=4, progress="none", repeats=1, precision="highest", phases=("train",))
-    monkeypatch.setattr(numerics, "reference_valid", lambda *a: (False, "grad.x: rmse(fp64, cpu) = 0.2 x scale > 0.01"))
-    seen = {}
-    real_nudged, real_run_train = train.nudged, train.run_train
+    made = []
+    real_nudged = train.nudged
 
     def spy_nudged(*a, **k):
-        seen["nudged"] = real_nudged(*a, **k)
-        return seen["nudged"]
-
-    def spy_run_train(*a, **k):
-        seen["spread"] = a[14] if len(a) > 14 else k.get("spread")
-        return real_run_train(*a, **k)
+        made.append(real_nudged(*a, **k))
+        return made[-1]
 
     monkeypatch.setattr(train, "nudged", spy_nudged)
-    monkeypatch.setattr(train, "run_train", spy_run_train)
     events = []
-    run_entry(entry, ("eager",), opts, get_device("tpu"), lambda k, p: events.append((k, p)))
-    assert ("phase", "train-spread") in events
-    assert seen["nudged"] is not None and seen["spread"] is seen["nudged"]
-    assert any(n.startswith("weight.") for n in seen["nudged"])
+    run_entry(entry, modes, opts, get_device("tpu"), lambda k, p: events.append((k, p)))
+    phases = [p for k, p in events if k == "phase"]
+    return {p["mode"]: p for k, p in events if k == "row"}, phases, made
+
+
+def test_only_a_failing_train_row_pays_for_the_nudged_baseline(tmp_path, monkeypatch):
+    """The spread run (its own phase and --timeout budget) happens once per entry, for the first row the rule
+    fails, whether the float64 reference was refused for the baseline's rounding or is valid; a passing row
+    costs no second CPU run."""
+    rows, phases, made = _spread_runs("pass", tmp_path / "pass", monkeypatch)
+    assert {r["status"] for r in rows.values()} == {"pass"} and not made and "train-spread" not in phases
+    rows, phases, made = _spread_runs("perturb", tmp_path / "valid", monkeypatch)
+    assert {r["status"] for r in rows.values()} == {"fail_accuracy"}, rows
+    assert rows["eager"]["reference"] == "valid" and len(made) == 1 and phases.count("train-spread") == 1
+    # the row's own phase again after the spread run: a worker dying later is attributed to the row
+    assert phases[phases.index("train-spread") + 1] == "train-eager"
+    assert made[0] is not None and any(n.startswith("weight.") for n in made[0])
+    monkeypatch.setattr(numerics, "reference_valid", lambda *a: (False, "grad.x: rmse(fp64, cpu) = 0.2 x scale > 0.01"))
+    rows, phases, made = _spread_runs("perturb", tmp_path / "refused", monkeypatch)
+    assert {r["status"] for r in rows.values()} == {"fail_accuracy"} and len(made) == 1, rows
+
+
+def test_a_cancellation_residue_gradient_is_not_a_false_alarm(tmp_path, monkeypatch):
+    """test:residue, attention over nearly equal keys: the query's and key's weight gradients are residues of
+    cancellation (softmax's gradients sum to zero over the keys), whose float32 rounding tpu does not share
+    with CPU. Against a valid float64 reference tpu is beyond 3x CPU's distance on them, as a CPU run from
+    weights nudged one ulp is too (BioGPT's q_proj.bias): within float32's spread, an uninformative pass.
+    With mm (the backward) 1% wrong the row still fails."""
+    from hf_tpu import hooks
+
+    rows, phases, made = _spread_runs("residue", tmp_path / "ok", monkeypatch, modes=("eager",))
+    row = rows["eager"]
+    assert row["status"] == "pass" and row["reference"] == "valid", row
+    assert row["uninformative"].startswith("float32-spread: rmse from float64 grad."), row
+    assert len(made) == 1
+    # the false alarm it was: 3x CPU's distance alone fails the row (if tpu's rounding ever matches CPU's
+    # here, this model no longer shows the case and needs other nearly equal keys)
+    monkeypatch.setattr(train, "within_spread", lambda *a: "")
+    row = _spread_runs("residue", tmp_path / "rule", monkeypatch, modes=("eager",))[0]["eager"]
+    assert row["status"] == "fail_accuracy" and "grad.query.weight" in row["error_message"], row
+    monkeypatch.undo()
+
+    def replace(op, fn):
+        return (lambda *a, **k: fn(*a, **k) * 1.01) if op.__name__.split(".")[0] == "mm" else None
+
+    with hooks.override_lowerings(replace):
+        row = _spread_runs("residue", tmp_path / "wrong", monkeypatch, modes=("eager",))[0]["eager"]
+    assert row["status"] == "fail_accuracy" and not row.get("uninformative"), row
+
+
+def test_a_backward_lowering_1pct_wrong_still_fails_against_float32s_spread(tmp_path, monkeypatch):
+    """mm (the Linear layers' backward only) lowered 1% wrong: the rule fails the row, the nudged run is made
+    and tpu is judged against float32's spread too (train.within_spread), and the row still fails, naming
+    the first wrong gradient."""
+    from hf_tpu import hooks
+
+    def replace(op, fn):
+        return (lambda *a, **k: fn(*a, **k) * 1.01) if op.__name__.split(".")[0] == "mm" else None
+
+    judged = []
+    real = train.within_spread
+
+    def spy(*a, **k):
+        judged.append(real(*a, **k))
+        return judged[-1]
+
+    monkeypatch.setattr(train, "within_spread", spy)
+    with hooks.override_lowerings(replace):
+        rows, phases, made = _spread_runs("pass", tmp_path, monkeypatch, modes=("eager",))
+    row = rows["eager"]
+    assert row["status"] == "fail_accuracy" and not row.get("uninformative"), row
+    assert "first diverging gradient: fc1.weight" in row["error_message"]
+    assert len(made) == 1 and made[0] is not None and judged == [""]
+
+
+def test_within_spread_excuses_a_lucky_baseline_not_a_wrong_gradient():
+    """BioGPT's layer-1 q_proj.bias after 3 AdamW steps (a valid reference): Adam's later steps amplify rounding
+    on one element, where CPU landed 2.2e-7 from float64, within the element's allowance (8.1e-12 x left after
+    train_weights.shrink), tpu 3.8e-7 and five nudged CPU runs 2.5e-8..3.1e-7. tpu is within float32's spread:
+    an uninformative pass. A step-1 gradient 1% off, which float32 determines, still fails; no spread run, or
+    a tensor beyond 3x the spread, fails as before."""
+    import torch
+
+    from harness.sweep import train_weights
+
+    tol = numerics.tolerance_for("test:x", "highest", "float32")
+    g = torch.Generator().manual_seed(0)
+    n = 64
+    grad = torch.randn(n, generator=g, dtype=torch.float64) * 2e-5
+    grad[48] = 1.24e-6  # the element Adam's later steps amplify (BioGPT's q_proj.bias[48])
+    weight = -3e-4 * grad.sign()
+    weight[48] = -1.226e-4
+    fp64 = {"grad.q.bias": grad, "weight.q.bias": weight}
+
+    def run(d48: float, wrong: float = 1.0) -> dict:
+        noise = 1e-7 * torch.randn(n, generator=g, dtype=torch.float64)
+        w = weight * (1 + 1e-6 * torch.randn(n, generator=g, dtype=torch.float64))
+        w[48] = weight[48] + d48
+        return {"grad.q.bias": (grad * (1 + noise) * wrong).float(), "weight.q.bias": w.float()}
+
+    cpu, nudged, tpu = run(2.15e-7), run(3.06e-7), run(3.82e-7)
+    allow = train_weights.allowances(cpu, fp64, tol, 3, train.LR)
+    assert numerics.reference_valid(train_weights.shrink(cpu, fp64, allow), fp64, tol)[0]
+    base, judged = train_weights.shrink(cpu, fp64, allow), train_weights.shrink(tpu, fp64, allow)
+    assert not numerics.compare_outputs(base, judged, fp64, tol).match  # the false alarm: 3x the lucky baseline
+    why = train.within_spread(cpu, tpu, fp64, tol, allow, nudged)
+    assert why.startswith("float32-spread: rmse from float64 weight.q.bias"), why
+    assert train.within_spread(cpu, tpu, fp64, tol, allow, None) == ""  # no second sample: nothing excused
+    assert train.within_spread(cpu, run(3.82e-7, wrong=1.01), fp64, tol, allow, nudged) == ""  # 1% wrong backward
+    assert train.within_spread(cpu, run(3e-6), fp64, tol, allow, nudged) == ""  # beyond 3x the spread
+
+
