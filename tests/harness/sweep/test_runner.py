@@ -146,3 +146,14 @@ def test_the_baseline_is_ieee_float32_whatever_the_process_set(cpu_opts):
     assert baseline == ("highest", "ieee", False) and reference == ("highest", "ieee", False)
     assert backend[0] == "medium"  # the backend's run is the process's business
 
+
+
+def test_an_inference_reference_refused_for_the_baselines_rounding_runs_its_rows(cpu_opts, monkeypatch):
+    """The inference phase judges such a row by numerics.rounding_dominated; the train phase's nudged run is
+    not its business (a copy of it there named the train phase's null parameters: NameError, no rows)."""
+    from harness.sweep import numerics
+
+    monkeypatch.setattr(numerics, "reference_valid", lambda *a: (False, "logits: rmse(fp64, cpu) = 0.2 x scale > 0.01"))
+    phases, rows = _run("pass", cpu_opts, modes=("eager",))
+    assert rows["eager"]["status"] == "pass" and rows["eager"]["reference"].startswith("invalid"), rows
+    assert "train-spread" not in phases
