@@ -99,9 +99,6 @@ def _mutable(obj: Any) -> Any:
     return obj
 
 
-_AS_STRIDED = (torch.ops.aten.as_strided.default, torch.ops.aten.as_strided_copy.default)
-
-
 def _as_strided_on_storage(fn: Callable[..., Any], val: Any) -> Callable[..., Any]:
     """as_strided indexes its input's storage, laid out by the input's traced strides and storage offset; a graph
     value is a logical (row-major) array. Longformer's chunking takes overlapping windows of a permuted tensor:
@@ -128,21 +125,6 @@ def _as_strided_on_storage(fn: Callable[..., Any], val: Any) -> Callable[..., An
         return fn(storage, size, strides, start)
 
     return on_storage
-
-
-def _storage_base(node: torch.fx.Node) -> torch.fx.Node:
-    """The first node of the chain of views (slice, permute, view, ...) `node` is at the end of: the value
-    whose storage they all share (traced values keep their storage's identity), so that as_strided can read
-    elements outside the last view, as PyTorch does."""
-    from torch.multiprocessing.reductions import StorageWeakRef
-
-    ref = StorageWeakRef(node.meta["val"].untyped_storage())
-    while node.op == "call_function" and node.args and isinstance(node.args[0], torch.fx.Node):
-        parent = node.args[0].meta.get("val")
-        if not isinstance(parent, torch.Tensor) or StorageWeakRef(parent.untyped_storage()) != ref:
-            break
-        node = node.args[0]
-    return node
 
 
 def _integral_promotion(n: torch.fx.Node) -> Any:
@@ -183,10 +165,9 @@ def to_jax_function(gm: torch.fx.GraphModule,
             promote = _integral_promotion(n)
             if promote is not None:
                 fns[n] = _promoted(fns[n], promote)
-            src = n.args[0] if n.args else None
-            if n.target in _AS_STRIDED and isinstance(src, torch.fx.Node) and isinstance(
-                    src.meta.get("val"), torch.Tensor):
-                strided_from[n] = base = _storage_base(src)
+            base = graph_ident.storage_source(n)  # as_strided: the storage it reads (also in the graph's name)
+            if base is not None:
+                strided_from[n] = base
                 fns[n] = _as_strided_on_storage(fns[n], base.meta["val"])
             if wrap_node is not None:
                 fns[n] = wrap_node(n, fns[n])

@@ -18,13 +18,18 @@ So the name is a canonical serialization of exactly what the lowering reads (gra
 - each node's arguments, other nodes by position, everything else by executable_cache.stable's text;
 - each node's traced value: dtype, shape and stride of every tensor (the lowering casts and reshapes to
   them), the value of every plain number;
+- for as_strided (STORAGE_READERS), what its lowering reads beyond its arguments: the node whose value's
+  storage it indexes (storage_base: the start of the chain of views sharing its input's storage, so which
+  values share a storage) and that value's storage offset (its shape and strides are in its own text).
+  A saved graph keeps both (compile_cache/serializable.py), so the graph Dynamo made and the one loaded
+  from the graph cache get one name; two graphs whose as_strided reads a storage at other offsets get two;
 - the precision.
 
 No name (the graph is then traced in every process, as before) for symbolic sizes, for a value or argument
-without a stable text, for a function from elsewhere, for as_strided (its lowering reads the storage
-offsets and the sharing of storages between nodes, which the name leaves out), and when the lowering
-table is not the package's own (hooks.override_lowerings). The lowering table itself is covered by the
-cache's environment digest (every hf_tpu source file).
+without a stable text, for a function from elsewhere, and when the lowering table is not the package's own
+(hooks.override_lowerings). The lowering table itself is covered by the cache's environment digest (every
+hf_tpu source file). as_strided graphs had no name before the storage text (VERSION unchanged: no text an
+earlier name hashed changed meaning).
 """
 
 from __future__ import annotations
@@ -38,8 +43,9 @@ from torch.utils import _pytree as pytree
 from hf_tpu import eager_functional, executable_cache
 
 VERSION = 2  # bump when the text below changes meaning
-_AS_STRIDED = {torch.ops.aten.as_strided.default, torch.ops.aten.as_strided_copy.default,
-               torch.ops.aten.as_strided_scatter.default}
+# the ops whose lowering indexes their input's storage (graph_compiler._as_strided_on_storage);
+# as_strided_scatter's reads its arguments only (lowering_parity), so its arguments name it
+STORAGE_READERS = (torch.ops.aten.as_strided.default, torch.ops.aten.as_strided_copy.default)
 _PLAIN_MODULES = ("_operator", "operator", "builtins", "math")
 
 
@@ -50,8 +56,6 @@ class _NoName(Exception):
 def _target(n: torch.fx.Node) -> str:
     t = n.target
     if isinstance(t, torch._ops.OpOverload):
-        if t in _AS_STRIDED:
-            raise _NoName("as_strided reads storage offsets the name leaves out")
         return f"op:{t}"
     if callable(t) and getattr(t, "__module__", None) in _PLAIN_MODULES and "<" not in getattr(t, "__qualname__", "<"):
         return f"fn:{t.__module__}.{t.__qualname__}"
@@ -85,6 +89,42 @@ def _value(val: Any) -> str:
         else:
             raise _NoName(f"a traced value of type {type(v).__name__}")
     return ";".join(parts)
+
+
+def storage_base(node: torch.fx.Node) -> torch.fx.Node:
+    """The first node of the chain of views (slice, permute, view, ...) `node` is at the end of: the value
+    whose storage they all share (traced values keep their storage's identity), so that as_strided can read
+    elements outside the last view, as PyTorch does. The lowering (graph_compiler) and the name both use it."""
+    from torch.multiprocessing.reductions import StorageWeakRef
+
+    ref = StorageWeakRef(node.meta["val"].untyped_storage())
+    while node.op == "call_function" and node.args and isinstance(node.args[0], torch.fx.Node):
+        parent = node.args[0].meta.get("val")
+        if not isinstance(parent, torch.Tensor) or StorageWeakRef(parent.untyped_storage()) != ref:
+            break
+        node = node.args[0]
+    return node
+
+
+def storage_source(n: torch.fx.Node) -> torch.fx.Node | None:
+    """For a STORAGE_READERS node whose input is a traced tensor, the node whose storage its lowering reads
+    (storage_base of the input); None for any other node."""
+    src = n.args[0] if n.args else None
+    if n.op != "call_function" or n.target not in STORAGE_READERS or not isinstance(src, torch.fx.Node) \
+            or not isinstance(src.meta.get("val"), torch.Tensor):
+        return None
+    return storage_base(src)
+
+
+def _storage(n: torch.fx.Node, index: dict[torch.fx.Node, int]) -> str:
+    """What a storage reader's lowering reads beyond its arguments: the storage's node and its offset."""
+    base = storage_source(n)
+    if base is None:
+        return ""
+    off = base.meta["val"].storage_offset()
+    if isinstance(off, torch.SymInt):
+        raise _NoName("a symbolic storage offset")
+    return f"|storage=%{index[base]}@{int(off)}"
 
 
 def _attr_bytes(gm: torch.fx.GraphModule, target: str) -> bytes:
@@ -125,7 +165,7 @@ def graph_ident(gm: torch.fx.GraphModule, prec: str) -> str | None:
             else:  # call_module / call_method: not in an ATen graph
                 return None
             args = _arg((n.args, n.kwargs), index) if n.op != "placeholder" else ""
-            h.update(f"{i}|{n.op}|{target}|{args}|{_value(n.meta.get('val'))}\n".encode())
+            h.update(f"{i}|{n.op}|{target}|{args}|{_value(n.meta.get('val'))}{_storage(n, index)}\n".encode())
     except (_NoName, executable_cache.Unstable):
         return None
     return f"graph|{h.hexdigest()}"

@@ -2,7 +2,8 @@
 view read inside its consumer's program, cat), compared with CPU. Prints, as the last line of JSON: op programs
 traced (op_jit.traces), XLA compiles (not counting JAX's own cache hits), the executable cache's stats, the largest difference from CPU,
 and a digest of the tpu outputs' bits. CHILD_PRECISION sets the matmul precision; CHILD_INJECT=1 replaces
-gelu's lowering (x -> 2 * gelu(x)) for the whole process, as the sweep's canary does."""
+gelu's lowering (x -> 2 * gelu(x)) for the whole process, as the sweep's canary does. CHILD_KIND picks
+another case (graph_main, optim_main, strided_main)."""
 
 from __future__ import annotations
 
@@ -38,6 +39,68 @@ class _QAHead(torch.nn.Module):
         h = torch.cat([-h[..., 8:], h[..., :8]], -1) + h  # rotate_half
         start, end = self.qa(h).split(1, dim=-1)
         return start.squeeze(-1).logsumexp(-1).sum() + end.squeeze(-1).square().mean()
+
+
+class _Strided(torch.nn.Module):
+    """as_strided through views (Longformer's chunking's shape of graph, test_compile_cache's OFFSET_SCRIPT):
+    the lowering reads the storage of `h`, two views and three storage offsets away."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(4, 8))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x * self.w
+        y = h[:, 2:].as_strided((3, 2), (8, 1), 3)  # elements 3.. of h's storage, through a slice
+        z = h[:, 5:].as_strided((4, 3), (8, 1), 0)  # before the slice's own first element
+        return y.sum() + (y * y).sum() + (z * z).sum()
+
+
+def _offset_graphs() -> list[float]:
+    """Two graphs alike but for the storage offset of the input their as_strided reads (a view of a
+    40-element buffer at offsets 2 and 0: absolute offset 5 is the view's element 3, then its element 5),
+    compiled by graph_compiler and run on the same tpu values; the largest difference of each from CPU."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from hf_tpu import graph_compiler
+
+    def f(x: torch.Tensor) -> tuple[torch.Tensor]:
+        return (x.as_strided((3, 4), (8, 1), 5) * 2,)  # an output tuple, as compile_graph's callers give
+
+    buf = torch.randn(40, generator=torch.Generator().manual_seed(2))
+    errs = []
+    for off in (2, 0):
+        view = buf[off:off + 32]
+        gm = make_fx(f, tracing_mode="fake")(view)
+        assert next(iter(gm.graph.nodes)).meta["val"].storage_offset() == off  # the case is exercised
+        out = graph_compiler.compile_graph(gm, [view.to("tpu")])([view.to("tpu")])
+        errs.append(float((out[0].cpu() - f(view)[0]).abs().max()))
+    return errs
+
+
+def strided_main() -> None:
+    """CHILD_KIND=strided: _Strided compiled through the graph cache (forward and backward), then
+    _offset_graphs; prints graph programs traced, the executable cache's and graph cache's stats, the largest
+    difference from CPU of each, and a digest of _Strided's tpu results."""
+    from hf_tpu import counters
+
+    hf_tpu.set_matmul_precision("highest")
+    torch.manual_seed(0)
+    model = _Strided()
+    x = torch.randn(4, 8)
+    res = {}
+    for dev in ("cpu", "tpu"):
+        m = __import__("copy").deepcopy(model).to(dev)
+        loss = (torch.compile(m, backend="tpu") if dev == "tpu" else m)(x.to(dev))
+        loss.backward()
+        res[dev] = [loss.detach().cpu().reshape(1), m.w.grad.cpu().reshape(-1)]
+    err = max(float((a - b).abs().max()) for a, b in zip(res["tpu"], res["cpu"], strict=True))
+    bits = hashlib.sha256(b"".join(t.contiguous().numpy().tobytes() for t in res["tpu"])).hexdigest()
+    module_traces = counters.count("graph_traces")
+    offset_errs = _offset_graphs()
+    print(json.dumps({"traces": module_traces, "offset_traces": counters.count("graph_traces") - module_traces,
+                      "stats": executable_cache.stats(), "graph_cache": hf_tpu.compile_cache.stats(), "err": err,
+                      "offset_errs": offset_errs, "bits": bits}))
 
 
 def graph_main() -> None:
@@ -133,4 +196,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    {"graph": graph_main, "optim": optim_main}.get(os.environ.get("CHILD_KIND", ""), main)()
+    {"graph": graph_main, "optim": optim_main, "strided": strided_main}.get(os.environ.get("CHILD_KIND", ""), main)()

@@ -121,6 +121,24 @@ def test_graph_cache_hit_traces_no_graph_program(tmp_path: Path) -> None:
         assert warm["bits"] == cold["bits"]
 
 
+def test_as_strided_graphs_are_shared_and_told_apart_by_storage_offset(tmp_path: Path) -> None:
+    """Graphs with as_strided through views (Longformer's chunking) were never named: traced and lowered in every
+    process. Named with what their lowering reads beyond the arguments (the storage's node and its offset),
+    the second process traces neither the forward nor the backward graph's program. Two graphs alike but for
+    the storage offset of the value as_strided reads (2 and 0) get two programs, each CPU's answer: named
+    without the offset, the second would run the first's executable (read the view from element 3, not 5)."""
+    env = {"CHILD_KIND": "strided", "HF_TPU_COMPILE_CACHE": "1", "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "torch")}
+    cold = run(tmp_path / "cache", **env)
+    assert cold["traces"] == 2 and cold["graph_cache"]["saved"] == 1 and cold["err"] < TOL, cold
+    assert cold["offset_traces"] == 2 and max(cold["offset_errs"]) < TOL, cold  # one program per offset
+    assert cold["stats"]["saved"] >= 4 and cold["stats"]["unsaveable"] == 0, cold
+    warm = run(tmp_path / "cache", **env)
+    assert warm["graph_cache"]["host"]["hits"] == 1, warm
+    assert warm["traces"] == 0 and warm["offset_traces"] == 0 and warm["stats"]["misses"] == 0, warm
+    assert warm["stats"]["hits"] == cold["stats"]["saved"] and warm["bits"] == cold["bits"] and warm["err"] < TOL, warm
+    assert max(warm["offset_errs"]) < TOL, warm
+
+
 def test_fused_optimizer_steps_trace_nothing_in_a_second_process(tmp_path: Path) -> None:
     """The fused AdamW step's program (optim_lowerings: lists of arrays, traced keyword
     hyperparameters, donated parameters and states) were traced and lowered in every process; shared, the
@@ -134,14 +152,14 @@ def test_fused_optimizer_steps_trace_nothing_in_a_second_process(tmp_path: Path)
     assert warm["donated"] == cold["donated"] == [True, True]  # donation survives the executable's trip
 
 
-def _aot_graphs() -> list:
-    """AOTAutograd's forward and backward graphs of the child's _QAHead (traced values: fake tensors)."""
+def _aot_graphs(name: str = "_QAHead", shape: tuple[int, ...] = (4, 8, 16)) -> list:
+    """AOTAutograd's forward and backward graphs of the child's module `name` (traced values: fake tensors)."""
     import torch
     from torch._dynamo.backends.common import aot_autograd
 
     sys.path.insert(0, str(CHILD.parent))
     try:
-        from executable_cache_child import _QAHead
+        import executable_cache_child
     finally:
         sys.path.pop(0)
     graphs = []
@@ -152,8 +170,8 @@ def _aot_graphs() -> list:
 
     torch._dynamo.reset()
     torch.manual_seed(0)
-    f = torch.compile(_QAHead(), backend=aot_autograd(fw_compiler=keep, bw_compiler=keep))
-    f(torch.randn(4, 8, 16)).backward()
+    f = torch.compile(getattr(executable_cache_child, name)(), backend=aot_autograd(fw_compiler=keep, bw_compiler=keep))
+    f(torch.randn(*shape)).backward()
     torch._dynamo.reset()
     return graphs
 
@@ -185,6 +203,28 @@ def test_graph_ident_is_the_same_for_the_saved_graph() -> None:
     split = next(n for n in fw.graph.nodes if "split" in str(n.target))
     split.args = (split.args[0], 2, *split.args[2:])  # another constant: another program
     assert graph_ident(fw, "highest") != graph_ident(_aot_graphs()[0], "highest")
+
+
+def test_as_strided_graph_is_named_with_its_storage() -> None:
+    """A graph whose as_strided reads through views is named alike as Dynamo made it and as the graph cache
+    gives it back (storage offsets and shared storages kept), and the name changes with the storage offset of
+    the value as_strided reads, which no argument and no shape or stride holds."""
+    import torch
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from hf_tpu import graph_ident as gi
+    from hf_tpu.compile_cache import serializable
+
+    fw = _aot_graphs("_Strided", (4, 8))[0]
+    strided = [n for n in fw.graph.nodes if n.target in gi.STORAGE_READERS]
+    assert strided and all(gi.storage_source(n) is not n.args[0] for n in strided)  # read through a view
+    ident = gi.graph_ident(fw, "highest")
+    assert ident is not None and ident == gi.graph_ident(serializable._load_graph(serializable._dump_graph(fw)),
+                                                         "highest")
+    buf = torch.randn(40)
+    names = [gi.graph_ident(make_fx(lambda x: x.as_strided((3, 4), (8, 1), 5) * 2, tracing_mode="fake")(
+        buf[off:off + 32]), "highest") for off in (2, 0, 2)]
+    assert None not in names and names[0] != names[1] and names[0] == names[2]  # only the offset differs
 
 
 def test_stable_texts() -> None:
