@@ -99,17 +99,19 @@ def _mutable(obj: Any) -> Any:
     return obj
 
 
-def _as_strided_on_storage(fn: Callable[..., Any], val: Any) -> Callable[..., Any]:
+def _as_strided_on_storage(fn: Callable[..., Any], val: Any, input_offset: int) -> Callable[..., Any]:
     """as_strided indexes its input's storage, laid out by the input's traced strides and storage offset; a graph
     value is a logical (row-major) array. Longformer's chunking takes overlapping windows of a permuted tensor:
     read as if row-major, the windows held the wrong elements. The input is put back where its strides place it
-    in a flat storage first (a scatter), then the strided read is made from there."""
+    in a flat storage first (a scatter), then the strided read is made from there. `val` is the storage's
+    value (graph_ident.storage_source); `input_offset` the as_strided input's own storage offset, PyTorch's
+    default for the read (`a[1:].as_strided(size, stride)` starts at a[1:]'s first element, not a's)."""
     import numpy as np
 
     shape, stride, off = tuple(val.shape), tuple(val.stride()), int(val.storage_offset())
     contiguous = all(st == c for st, c, n in zip(stride, torch._prims_common.make_contiguous_strides_for(shape),
                                                  shape, strict=True) if n > 1)
-    if (contiguous and off == 0) or math.prod(shape) == 0:
+    if (contiguous and off == 0 and input_offset == 0) or math.prod(shape) == 0:
         return fn
     index = np.full(shape, off, dtype=np.int64)
     for d, (n, st) in enumerate(zip(shape, stride, strict=True)):
@@ -121,7 +123,7 @@ def _as_strided_on_storage(fn: Callable[..., Any], val: Any) -> Callable[..., An
         jnp = T._jnp()
         storage = jnp.zeros((span - base,), x.dtype).at[flat].set(x.reshape(-1))
         # the offset is absolute in the storage (default: the input's own); the flat storage starts at `base`
-        start = (off if storage_offset is None else int(storage_offset)) - base
+        start = (input_offset if storage_offset is None else int(storage_offset)) - base
         return fn(storage, size, strides, start)
 
     return on_storage
@@ -168,7 +170,7 @@ def to_jax_function(gm: torch.fx.GraphModule,
             base = graph_ident.storage_source(n)  # as_strided: the storage it reads (also in the graph's name)
             if base is not None:
                 strided_from[n] = base
-                fns[n] = _as_strided_on_storage(fns[n], base.meta["val"])
+                fns[n] = _as_strided_on_storage(fns[n], base.meta["val"], int(n.args[0].meta["val"].storage_offset()))
             if wrap_node is not None:
                 fns[n] = wrap_node(n, fns[n])
 

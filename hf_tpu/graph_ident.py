@@ -20,7 +20,8 @@ So the name is a canonical serialization of exactly what the lowering reads (gra
   them), the value of every plain number;
 - for as_strided (STORAGE_READERS), what its lowering reads beyond its arguments: the node whose value's
   storage it indexes (storage_base: the start of the chain of views sharing its input's storage, so which
-  values share a storage) and that value's storage offset (its shape and strides are in its own text).
+  values share a storage), that value's storage offset (its shape and strides are in its own text) and the
+  input's own storage offset (the read's default start).
   A saved graph keeps both (compile_cache/serializable.py), so the graph Dynamo made and the one loaded
   from the graph cache get one name; two graphs whose as_strided reads a storage at other offsets get two;
 - the precision.
@@ -117,14 +118,15 @@ def storage_source(n: torch.fx.Node) -> torch.fx.Node | None:
 
 
 def _storage(n: torch.fx.Node, index: dict[torch.fx.Node, int]) -> str:
-    """What a storage reader's lowering reads beyond its arguments: the storage's node and its offset."""
+    """What a storage reader's lowering reads beyond its arguments: the storage's node and its offset, and the
+    input's own offset (where the read starts when as_strided is given none)."""
     base = storage_source(n)
     if base is None:
         return ""
-    off = base.meta["val"].storage_offset()
-    if isinstance(off, torch.SymInt):
+    off, own = base.meta["val"].storage_offset(), n.args[0].meta["val"].storage_offset()
+    if isinstance(off, torch.SymInt) or isinstance(own, torch.SymInt):
         raise _NoName("a symbolic storage offset")
-    return f"|storage=%{index[base]}@{int(off)}"
+    return f"|storage=%{index[base]}@{int(off)}|input@{int(own)}"  # the input's: the read's default offset
 
 
 def _attr_bytes(gm: torch.fx.GraphModule, target: str) -> bytes:

@@ -200,8 +200,15 @@ def _strided_of_offset_view(a: torch.Tensor) -> torch.Tensor:
     return a[1:].as_strided((2, 3), (1, 3), 5) * 1.0  # an absolute storage offset, past the view's own
 
 
+def _strided_of_offset_view_at_its_own_offset(a: torch.Tensor) -> torch.Tensor:
+    # no offset given: PyTorch starts at the input's own (a[1:]'s, 6), not its storage's first element (a read
+    # 0.. of `a` before)
+    return a[1:].as_strided((2, 3), (1, 3)) * 1.0
+
+
 @pytest.mark.parametrize("fn, shape", [(_strided_of_transpose, (6, 4)), (_overlapping_chunks_of_permute, (8, 2, 3)),
-                                       (_strided_of_offset_view, (4, 6))])
+                                       (_strided_of_offset_view, (4, 6)),
+                                       (_strided_of_offset_view_at_its_own_offset, (4, 6))])
 def test_as_strided_reads_its_input_storage_as_laid_out(fn, shape) -> None:
     # LongformerForMultipleChoice compiled: as_strided of a non-contiguous graph value read the logical
     # (row-major) array as if it were the storage, so the windows held other elements (rel rmse 1.6e-4)
