@@ -72,3 +72,24 @@ def test_chunked_linear_cross_entropy_forward_and_backward(reduction: str, highe
     torch.testing.assert_close(out.cpu(), ref, rtol=1.3e-6, atol=1e-5)
     for g, r in zip(grads, ref_grads):
         torch.testing.assert_close(g.cpu(), r, rtol=1.3e-6, atol=1e-5)
+
+
+def test_a_users_custom_op_body_gives_its_graph_no_executable_name() -> None:
+    """The executable cache names a graph by its ops; a user's custom op body can change between processes
+    under the same name, so such a graph is traced in every process (no name); PyTorch's own keep one."""
+    from hf_tpu.graph_ident import graph_ident
+
+    def ident(op, *args):  # a one-node ATen graph calling `op`, as AOTAutograd leaves a custom op
+        g = torch.fx.Graph()
+        ins = []
+        for i, a in enumerate(args):
+            ins.append(g.placeholder(f"a{i}"))
+            ins[-1].meta["val"] = a
+        node = g.call_function(op, tuple(ins))
+        node.meta["val"] = op(*args)
+        g.output(node)
+        return graph_ident(torch.fx.GraphModule(torch.nn.Module(), g), "highest")
+
+    x = torch.randn(4, 5)
+    assert ident(torch.ops.aten.exp.default, x) is not None
+    assert ident(torch.ops.hf_tpu_test.scaled_softplus.default, x, 0.5) is None
