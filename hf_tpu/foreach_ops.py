@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from hf_tpu import fused
+from hf_tpu import fused, op_registry
 from hf_tpu import tensor as T
 from hf_tpu.op_registry import lowers
 
@@ -90,8 +90,10 @@ def _lerp(x: Any, end: Any, weight: Any) -> Any:
 
 # Single ops whose eager path is a decomposition (torch._refs) that checks a scalar's Python type, which a
 # traced scalar fails: written here with CPU's formulas (the refs' order of operations)
-_HAND: dict[Any, Callable[..., Any]] = {aten.addcmul.default: _addcmul, aten.addcdiv.default: _addcdiv,
-                                        aten.lerp.Scalar: _lerp, aten.lerp.Tensor: _lerp}
+lowers(aten.addcmul.default, kind="foreach_step")(_addcmul)
+lowers(aten.addcdiv.default, kind="foreach_step")(_addcdiv)
+lowers(aten.lerp.Scalar, aten.lerp.Tensor, kind="foreach_step")(_lerp)
+_HAND = op_registry.table("foreach_step")
 
 
 # arguments that stay constants of the program (a lowering branches on them: the norm's order, a dtype) and

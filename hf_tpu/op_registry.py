@@ -30,6 +30,8 @@ KINDS: dict[str, str] = {
     "eager": "a kernel on tpu tensors that eager dispatch runs instead of any lowering (storage, views, "
              "write-backs, fused optimizer steps)",
     "autograd": "a kernel registered at AutogradPrivateUse1 (device.py), ahead of PyTorch's composite",
+    "foreach_step": "a JAX function for one tensor of a foreach call, its Python scalars traced (foreach_ops.py), "
+                    "where the single op's eager path checks a scalar's Python type",
 }
 
 FLAGS: dict[str, str] = {

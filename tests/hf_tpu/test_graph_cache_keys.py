@@ -150,16 +150,16 @@ def test_aotautograd_cache_directory_follows_versions_and_lowering_table(monkeyp
     # PyTorch's AOTAutograd key does not know hf_tpu's decompositions: its entries live under hf_tpu's salt
     from hf_tpu.compile_cache import aot_cache
 
-    aot_cache.salt.cache_clear()
+    aot_cache._salt.cache_clear()
     base = aot_cache.directory()
     monkeypatch.setattr(keys, "lowering_fingerprint", lambda: "another table")
-    aot_cache.salt.cache_clear()
+    aot_cache._salt.cache_clear()
     assert aot_cache.directory() != base
     monkeypatch.undo()
     real = keys.versions()
     monkeypatch.setattr(keys, "versions", lambda: {**real, "hf_tpu_code": "edited"})
-    aot_cache.salt.cache_clear()
+    aot_cache._salt.cache_clear()
     assert aot_cache.directory() != base
     monkeypatch.undo()
-    aot_cache.salt.cache_clear()
+    aot_cache._salt.cache_clear()
     assert aot_cache.directory() == base
