@@ -244,6 +244,24 @@ def _replay_rows(t: Any, k: int, partial: bool, sort: bool) -> Any:
     return lax.map(row, t).astype(jnp.int64)
 
 
+def _as_rows(x: Any, dim: int) -> tuple[Any, tuple[int, ...]]:
+    """x's lines along `dim` (>= 0) as the rows of a 2-D array, and the shape of the other dimensions."""
+    jnp = _jax().numpy
+    moved = jnp.moveaxis(x, dim, -1)
+    return moved.reshape(-1, moved.shape[-1]), moved.shape[:-1]
+
+
+def _one_per_row(rows: Any, idx: Any, lead: tuple[int, ...], dim: int, keepdim: bool) -> tuple[Any, Any]:
+    """The value at each row's index `idx` and the index, in the input's shape less `dim` (kept with size 1
+    with `keepdim`): median.dim's and kthvalue's outputs."""
+    jnp = _jax().numpy
+    values = jnp.take_along_axis(rows, idx[:, None], axis=1)[:, 0].reshape(lead)
+    idx = idx.reshape(lead)
+    if keepdim:
+        values, idx = jnp.expand_dims(values, dim), jnp.expand_dims(idx, dim)
+    return values, idx
+
+
 @lowers(aten.topk.default)
 def _topk(x: Any, k: int, dim: int = -1, largest: bool = True, sorted: bool = True) -> tuple[Any, Any]:  # noqa: A002
     jax = _jax()
@@ -251,9 +269,8 @@ def _topk(x: Any, k: int, dim: int = -1, largest: bool = True, sorted: bool = Tr
     if x.ndim == 0:
         return x, jnp.zeros((), jnp.int64)
     dim %= x.ndim
-    moved = jnp.moveaxis(x, dim, -1)
-    lead, n = moved.shape[:-1], moved.shape[-1]
-    rows = moved.reshape(-1, n)
+    rows, lead = _as_rows(x, dim)
+    n = rows.shape[1]
     if k == 0 or rows.shape[0] == 0:
         idx = jnp.zeros((rows.shape[0], k), jnp.int64)
     else:
@@ -284,9 +301,8 @@ def _median_dim(ignore_nan: bool) -> Any:
         if x.ndim == 0:
             return x, jnp.zeros((), jnp.int64)
         dim %= x.ndim
-        moved = jnp.moveaxis(x, dim, -1)
-        lead, n = moved.shape[:-1], moved.shape[-1]
-        rows = moved.reshape(-1, n)
+        rows, lead = _as_rows(x, dim)
+        n = rows.shape[1]
         nan = jnp.isnan(rows) if jnp.issubdtype(rows.dtype, jnp.floating) else jnp.zeros(rows.shape, bool)
         count = nan.sum(axis=1).astype(jnp.int32)
         order = jnp.argsort(order_key(rows, False), axis=1, stable=True).astype(jnp.int32)
@@ -298,11 +314,7 @@ def _median_dim(ignore_nan: bool) -> Any:
             tied = _introselect(jnp.zeros((n,), jnp.int32), jnp.arange(n, dtype=jnp.int32), 0)[1][0]
             idx = jnp.where(count == n, tied, idx)
         idx = idx.astype(jnp.int64)
-        values = jnp.take_along_axis(rows, idx[:, None], axis=1)[:, 0].reshape(lead)
-        idx = idx.reshape(lead)
-        if keepdim:
-            values, idx = jnp.expand_dims(values, dim), jnp.expand_dims(idx, dim)
-        return values, idx
+        return _one_per_row(rows, idx, lead, dim, keepdim)
 
     return lowering
 
@@ -365,12 +377,7 @@ def _kthvalue(x: Any, k: int, dim: int = -1, keepdim: bool = False) -> tuple[Any
     if x.ndim == 0:
         return x, jnp.zeros((), jnp.int64)
     dim %= x.ndim
-    moved = jnp.moveaxis(x, dim, -1)
-    lead, n = moved.shape[:-1], moved.shape[-1]
-    rows = moved.reshape(-1, n)
+    rows, lead = _as_rows(x, dim)
+    n = rows.shape[1]
     idx = jax.lax.map(lambda tr: _quick_select(tr, k - 1)[k - 1], order_key(rows, False)).astype(jnp.int64)
-    values = jnp.take_along_axis(rows, idx[:, None], axis=1)[:, 0].reshape(lead)
-    idx = idx.reshape(lead)
-    if keepdim:
-        values, idx = jnp.expand_dims(values, dim), jnp.expand_dims(idx, dim)
-    return values, idx
+    return _one_per_row(rows, idx, lead, dim, keepdim)
