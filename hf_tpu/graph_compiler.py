@@ -61,12 +61,8 @@ def _custom_op_body(target: Any) -> Callable[..., Any] | None:
     lowering knows it; eager runs the body on tpu tensors op by op, so here the body is traced into the
     program the same way (its sub-ops through their lowerings: decomposed.as_lowering). Per-device bodies
     only (a CPU body may call numpy) or a mutable schema: None, and the op has no lowering."""
-    from torch._library.custom_ops import OPDEFS
-
-    if not isinstance(target, torch._ops.OpOverload) or target.namespace in ("aten", "prims"):
-        return None  # prims are custom ops too, whose bodies call the ATen op: that op's lowering is the answer
-    opdef = OPDEFS.get(target.name())
-    if opdef is None or opdef._opoverload is not target or target._schema.is_mutable:
+    opdef = graph_ident.custom_opdef(target)
+    if opdef is None or target._schema.is_mutable:
         return None
     body = opdef._backend_fns.get(None)
     return None if body is None else decomposed.as_lowering(target, body)
@@ -404,7 +400,8 @@ def decompositions() -> dict[Any, Any]:
     return _decompositions(lowering.find)
 
 
-@functools.cache
+# bounded: each override_lowerings block (diagnose's fault injection) makes a table of its own
+@functools.lru_cache(maxsize=8)
 def _decompositions(find: Callable[[Any], Any]) -> dict[Any, Any]:
     from torch._decomp import core_aten_decompositions
 

@@ -54,19 +54,27 @@ class _NoName(Exception):
     pass
 
 
+def custom_opdef(target: Any) -> Any | None:
+    """The torch.library definition of a custom op overload (PyTorch's own or a user's); None for ATen and
+    prims ops (prims are custom ops too, whose bodies call the ATen op) and for anything else."""
+    if not isinstance(target, torch._ops.OpOverload) or target.namespace in ("aten", "prims"):
+        return None
+    from torch._library.custom_ops import OPDEFS
+
+    opdef = OPDEFS.get(target.name())
+    return opdef if opdef is not None and opdef._opoverload is target else None
+
+
 def _target(n: torch.fx.Node) -> str:
     t = n.target
     if isinstance(t, torch._ops.OpOverload):
-        if t.namespace not in ("aten", "prims"):
-            # a torch.library custom op is lowered through its Python body (graph_compiler._custom_op_body):
-            # PyTorch's own bodies change only with torch (in the cache's environment digest); a user's body
-            # may change between processes under the same name, so its graph gets no name
-            from torch._library.custom_ops import OPDEFS
-
-            opdef = OPDEFS.get(t.name())
-            body = opdef._init_fn if opdef is not None else None  # _backend_fns holds torch's wrapper of it
-            if body is not None and not getattr(body, "__module__", "").startswith("torch."):
-                raise _NoName(f"custom op {t} with a body of the user's")
+        # a torch.library custom op is lowered through its Python body (graph_compiler._custom_op_body):
+        # PyTorch's own bodies change only with torch (in the cache's environment digest); a user's body
+        # may change between processes under the same name, so its graph gets no name
+        opdef = custom_opdef(t)
+        body = opdef._init_fn if opdef is not None else None  # _backend_fns holds torch's wrapper of it
+        if body is not None and not getattr(body, "__module__", "").startswith("torch."):
+            raise _NoName(f"custom op {t} with a body of the user's")
         return f"op:{t}"
     if callable(t) and getattr(t, "__module__", None) in _PLAIN_MODULES and "<" not in getattr(t, "__qualname__", "<"):
         return f"fn:{t.__module__}.{t.__qualname__}"

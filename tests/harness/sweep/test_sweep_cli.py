@@ -129,6 +129,7 @@ def test_resume_retry_runs_the_entries_of_those_statuses_again(tmp_path, monkeyp
 
 @pytest.mark.slow
 def test_ray_executor_runs_entries_as_ray_tasks(tmp_path):
+    pytest.importorskip("ray", reason="the ray executor needs the optional extra: pip install -e '.[ray]'")
     out = tmp_path / "run"
     p = run_cli(*sweep_cmd("--zoo", "test:pass*2,abort,perturb", "--device", "cpu", "--modes", "eager",
                            "--executor", "ray", "--jobs", "2", "--repeats", "1", "--out", str(out), "--progress", "lines"),
