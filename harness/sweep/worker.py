@@ -106,6 +106,23 @@ def merge_cause(rows: list[dict], payload: dict) -> None:
             return
 
 
+def worker_environment(opts: SweepOptions, threads: int | None = None, die_with_parent: bool = False) -> dict:
+    """The environment a worker process starts with: this one's, the sweep's (opts.worker_env), its thread
+    count, and OpenMP threads that sleep when idle (OMP_WAIT_POLICY=PASSIVE, unless the user set a policy).
+    PyTorch's OpenMP threads otherwise spin after each parallel region, and the sweep's CPU work is
+    thousands of small ops (the CPU baseline's and float64 reference's steps, the numerics rule over every
+    gradient and weight): with 2 threads on this loaded 2-core machine (--jobs 1) the spinning thread took
+    the core from the one with work; BartForCausalLM's train phase, a worker's second entry, 4.76 CPU-s
+    (15.0 s wall) spinning, 0.77 (4.2 s) passive; `d[torch.isfinite(d)]` on 4096 doubles 1288 -> 40 CPU-us."""
+    env = {**os.environ, **opts.worker_env()}
+    env["HF_TPU_SWEEP_THREADS"] = str(threads or worker_threads(opts.jobs))
+    env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    # the local pool's workers die with the sweep (kill -9 included); not under Ray, whose task threads
+    # may end before the worker should
+    env["HF_TPU_SWEEP_DIE_WITH_PARENT"] = "1" if die_with_parent else "0"
+    return env
+
+
 class Worker:
     """One reusable worker process (the parent's handle)."""
 
@@ -114,11 +131,7 @@ class Worker:
         self.opts = opts
         r_parent, w_child = os.pipe()
         r_child, w_parent = os.pipe()
-        env = {**os.environ, **opts.worker_env()}
-        env["HF_TPU_SWEEP_THREADS"] = str(threads or worker_threads(opts.jobs))
-        # the local pool's workers die with the sweep (kill -9 included); not under Ray, whose task threads
-        # may end before the worker should
-        env["HF_TPU_SWEEP_DIE_WITH_PARENT"] = "1" if die_with_parent else "0"
+        env = worker_environment(opts, threads, die_with_parent)
         self._log = open(log_path, "ab") if log_path else subprocess.DEVNULL  # noqa: SIM115
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "harness.sweep.worker", str(r_child), str(w_child)],

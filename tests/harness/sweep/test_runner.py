@@ -157,3 +157,16 @@ def test_an_inference_reference_refused_for_the_baselines_rounding_runs_its_rows
     phases, rows = _run("pass", cpu_opts, modes=("eager",))
     assert rows["eager"]["status"] == "pass" and rows["eager"]["reference"].startswith("invalid"), rows
     assert "train-spread" not in phases
+
+
+def test_workers_openmp_threads_sleep_when_idle_unless_the_user_set_a_policy(monkeypatch):
+    # spinning OpenMP threads took the core from the worker's own work on a loaded machine (worker.py)
+    from harness.sweep.options import SweepOptions
+    from harness.sweep.worker import worker_environment
+
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    env = worker_environment(SweepOptions(jobs=1), threads=2)
+    assert env["OMP_WAIT_POLICY"] == "PASSIVE" and env["HF_TPU_SWEEP_THREADS"] == "2"
+    assert env["HF_HUB_OFFLINE"] == "1"  # the sweep's own variables still there
+    monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
+    assert worker_environment(SweepOptions(jobs=1))["OMP_WAIT_POLICY"] == "ACTIVE"
