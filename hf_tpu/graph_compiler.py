@@ -381,6 +381,7 @@ def _register_fake_rules() -> None:
     from torch._subclasses import fake_impls
 
     graph_parity.register_batch_norm_rules()
+    graph_parity.register_layer_norm_rule()
     op = torch.ops.aten._grouped_mm.default
     if op not in fake_impls.op_implementations_dict:
         fake_impls.register_op_impl(op)(_grouped_mm_fake)

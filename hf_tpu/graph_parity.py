@@ -3,6 +3,7 @@ the arithmetic or the dtypes for a device that is not CPU (graph_compiler.py cal
 
   refuse_dynamos_addcdiv      -> Dynamo's addcdiv, taken apart into div/mul/add, put back whole
   register_batch_norm_rules   -> batch norm's fake-tensor rule gives CPU's saved-statistics dtypes and shapes
+  register_layer_norm_rule    -> layer norm's fake-tensor rule gives CPU's saved-statistics dtypes
 """
 
 from __future__ import annotations
@@ -95,3 +96,39 @@ def register_batch_norm_rules() -> None:
         rule = _cpu_batch_norm_statistics(fn)
         rule._op_name = name  # type: ignore[attr-defined]
         decomposition_table[op] = rule
+
+
+def _layer_norm_statistics_dtype(x: torch.Tensor, weight: torch.Tensor | None) -> torch.dtype:
+    """The dtype of native_layer_norm's saved mean and rstd for a half input, as CPU's kernel and the eager
+    lowering (half_kernels._native_layer_norm) give them: the weight's when it differs, else the input's."""
+    return weight.dtype if weight is not None and weight.dtype != x.dtype else x.dtype
+
+
+def _cpu_layer_norm_statistics(impl: Callable[..., Any]) -> Callable[..., Any]:
+    """native_layer_norm's fake-tensor rule for tpu: PyTorch's (torch._refs.native_layer_norm) keeps the mean
+    and rstd of a half input in its dtype only when `input.device.type` is cpu or mtia, float32 elsewhere,
+    while the lowering gives CPU's half statistics: a compiled half layer norm returning them failed
+    ("Cannot cast array data from dtype(bfloat16) to dtype('float32')"). Other devices see no change."""
+
+    @functools.wraps(impl)
+    def rule(fake_mode: Any, func: Any, *args: Any, **kwargs: Any) -> Any:
+        out = impl(fake_mode, func, *args, **kwargs)
+        x = args[0] if args else kwargs.get("input")
+        if not (isinstance(x, torch.Tensor) and x.device.type == "tpu" and x.dtype in _HALF):
+            return out
+        weight = args[2] if len(args) > 2 else kwargs.get("weight")
+        keep = _layer_norm_statistics_dtype(x, weight)
+        with fake_mode:
+            return (out[0], out[1].to(keep), out[2].to(keep))
+
+    rule._hf_tpu_rule = True  # type: ignore[attr-defined]
+    return rule
+
+
+def register_layer_norm_rule() -> None:
+    from torch._subclasses import fake_impls
+
+    op = torch.ops.aten.native_layer_norm.default
+    impl = fake_impls.op_implementations_dict.get(op)
+    if impl is not None and not getattr(impl, "_hf_tpu_rule", False):
+        fake_impls.op_implementations_dict[op] = _cpu_layer_norm_statistics(impl)
