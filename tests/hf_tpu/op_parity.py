@@ -20,6 +20,7 @@ import pathlib
 import signal
 import subprocess
 import sys
+import time
 import warnings
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -250,10 +251,11 @@ def sweep(op_list: Iterable[Any], samples: int, compiled: bool = False, dtypes: 
                 journal.start(name, dtype)
                 if os.environ.get("OP_PARITY_CRASH_AT") == f"{name}:{journal._d(dtype)}":  # the crash test's
                     os.kill(os.getpid(), signal.SIGSEGV)
+            cpu0, wall0 = time.process_time(), time.perf_counter()
             res = check(op, dtype, samples, compiled)
             tally.add(name, dtype, res)
-            if journal is not None:
-                journal.finish(name, dtype, res)
+            if journal is not None:  # with the pair's cost, so a slow run can be told where its time went
+                journal.finish(name, dtype, res, time.process_time() - cpu0, time.perf_counter() - wall0)
     return tally
 
 
@@ -296,9 +298,13 @@ class Journal:
     def start(self, name: str, dtype: torch.dtype) -> None:
         self._write({"op": name, "dtype": self._d(dtype)})
 
-    def finish(self, name: str, dtype: torch.dtype, res: Result) -> None:
+    def finish(self, name: str, dtype: torch.dtype, res: Result, cpu_s: float | None = None,
+               wall_s: float | None = None) -> None:
         self.results[(name, self._d(dtype))] = res
-        self._write({"op": name, "dtype": self._d(dtype), "forward": res.forward, "backward": res.backward})
+        rec = {"op": name, "dtype": self._d(dtype), "forward": res.forward, "backward": res.backward}
+        if cpu_s is not None:
+            rec |= {"cpu_s": round(cpu_s, 3), "wall_s": round(wall_s or 0.0, 3)}
+        self._write(rec)
 
     def record_crash(self, rc: int) -> None:
         """The pair a child died in fails forward with the crash as its cause (and is not run again)."""
