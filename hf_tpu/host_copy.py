@@ -68,10 +68,15 @@ def to_cpu(array: Any, dtype: torch.dtype) -> torch.Tensor:
 
 def copy_to_cpu(array: Any, src_dtype: torch.dtype, dst: torch.Tensor) -> None:
     """Write a JAX array (of a tpu tensor of `src_dtype`) into the CPU tensor `dst`, with no intermediate
-    copy where dtypes and layout allow: np.asarray of an XLA:CPU array is a view of its memory."""
-    if src_dtype == dst.dtype and dst.is_contiguous() and tuple(array.shape) == tuple(dst.shape) \
+    copy where dtypes and layout allow: np.asarray of an XLA:CPU array is a view of its memory. `array` holds
+    dst's numbers in row-major order, in dst's shape or another of the same size (tensor.row_major): the
+    reshape is then of a numpy or CPU tensor view, free, where on the device it would be a copy."""
+    shape = tuple(dst.shape)
+    if src_dtype == dst.dtype and dst.is_contiguous() and array.size == dst.numel() \
             and not dst.is_conj() and not dst.is_neg():
         a = np.asarray(array)
+        if a.shape != shape:
+            a = a.reshape(shape)  # row-major and contiguous: a view
         try:
             d = (dst.view(torch.int16) if dst.dtype == torch.bfloat16 else dst).detach().numpy()
         except (TypeError, RuntimeError):  # a dtype numpy lacks
@@ -79,4 +84,5 @@ def copy_to_cpu(array: Any, src_dtype: torch.dtype, dst: torch.Tensor) -> None:
         if d is not None:
             np.copyto(d, a.view(np.int16) if dst.dtype == torch.bfloat16 else a, casting="no")
             return
-    dst.copy_(to_cpu(array, src_dtype))
+    host = to_cpu(array, src_dtype)
+    dst.copy_(host.reshape(shape) if host.numel() == dst.numel() else host)  # else: broadcast by copy_

@@ -56,7 +56,8 @@ def copy_from(src: torch.Tensor, dst: torch.Tensor, non_blocking: bool = False) 
         else:
             T.assign(dst, host_copy.from_cpu(src, index=dst.device.index if _MULTI else None))
         return dst
-    host_copy.copy_to_cpu(T.value(src), src.dtype, dst)
+    # src broadcast to dst's shape keeps its own (value's); the same number of elements is the same order
+    host_copy.copy_to_cpu(T.row_major(src) if src.numel() == dst.numel() else T.value(src), src.dtype, dst)
     return dst
 
 

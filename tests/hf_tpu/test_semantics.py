@@ -185,6 +185,32 @@ def test_cpu_source_is_copied_not_aliased() -> None:
     assert t.cpu().tolist() == [0.0, 1.0, 2.0, 3.0]
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64], ids=str)
+def test_copy_to_cpu_of_a_reshaped_whole_buffer_runs_no_device_reshape(dtype, monkeypatch) -> None:
+    """`.cpu()` of a whole buffer held in another shape (a linear's `mm` result read as (1, seq, vocab)
+    logits) reshapes on the host: the device reshape (tensor.fit, a copy on XLA:CPU) is not run; values equal
+    CPU's, for a plain copy, a copy into a non-contiguous CPU tensor and a broadcasting copy_."""
+    from hf_tpu import tensor as T
+
+    c = (torch.arange(24) % 7).to(dtype).reshape(4, 6)
+    whole = (c.to("tpu") + 1).view(2, 2, 6)  # a new buffer of (4, 6), read as (2, 2, 6)
+    want = (c + 1).view(2, 2, 6)
+
+    def no_fit(*a: object) -> None:
+        raise AssertionError("device reshape run for a host copy")
+
+    monkeypatch.setattr(T, "fit", no_fit)
+    assert torch.equal(whole.cpu(), want)
+    strided = torch.zeros(2, 6, 2, dtype=dtype).transpose(1, 2)  # (2, 2, 6), not contiguous
+    strided.copy_(whole)
+    assert torch.equal(strided, want)
+    monkeypatch.undo()
+    row = (c[0].to("tpu") + 1).view(1, 6)  # broadcast into (4, 6): needs its own shape
+    big = torch.zeros(4, 6, dtype=dtype)
+    big.copy_(row)
+    assert torch.equal(big, (c[0] + 1).view(1, 6).expand(4, 6))
+
+
 def test_view_as_real_and_complex() -> None:
     x = torch.randn(3, 4, dtype=torch.complex64)
     assert torch.equal(torch.view_as_real(x.to("tpu")).cpu(), torch.view_as_real(x))
