@@ -39,6 +39,13 @@ def from_cpu(t: torch.Tensor, adopt: bool = False, index: int | None = None) -> 
     where = T.jax_device(index) if devices.MULTI and index is not None else None
     if adopt:
         return jax.device_put(host, where, may_alias=True)
+    if host.nbytes >= OWNED_BYTES and host.ctypes.data % XLA_ALIGN == 0:
+        # Large tensors (a model's weights moved with .to("tpu")) are copied into a buffer XLA:CPU owns: XLA
+        # copies the aliased host memory itself (still one copy), and the fused optimizer step can then
+        # donate the parameter and write the new one over it. An adopted numpy buffer is not XLA's, so the
+        # first step made a second copy of every parameter (GPT-2 124M: 0.46 GB more at that step's peak).
+        owned = jax.device_put(jax.device_put(host, where, may_alias=True), where, may_alias=False)
+        return owned.block_until_ready()  # the copy has read the torch memory before the tensor can change
     # One copy: into a buffer aligned so that XLA:CPU adopts it instead of copying again (device_put with
     # may_alias=False still aliases a numpy view of torch memory, and reads it asynchronously).
     buf = aligned_empty(host.nbytes).view(host.dtype).reshape(host.shape)
@@ -47,6 +54,7 @@ def from_cpu(t: torch.Tensor, adopt: bool = False, index: int | None = None) -> 
 
 
 XLA_ALIGN = 64  # XLA:CPU adopts host memory only at this alignment; it copies anything else
+OWNED_BYTES = 1 << 20  # from_cpu copies tensors this large into XLA's own buffers (small ones: adopted numpy)
 
 
 def aligned_empty(nbytes: int) -> np.ndarray:
