@@ -117,7 +117,8 @@ def tpu_backend(gm: torch.fx.GraphModule, example_inputs: list[Any], **kwargs: A
         compiler = functools.partial(graph_compiler.compile_graph, options=options)
         with _memory_format_without_guards() if dynamic else contextlib.nullcontext():
             return aot_autograd(fw_compiler=compiler, bw_compiler=compiler,
-                                decompositions=graph_compiler.decompositions())(
+                                decompositions=graph_compiler.decompositions(),
+                                partition_fn=compile_options.partition_fn())(
                 gm, example_inputs, **kwargs
             )
     finally:

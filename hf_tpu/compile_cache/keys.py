@@ -36,6 +36,9 @@ def versions() -> dict[str, str]:
         except metadata.PackageNotFoundError:
             out[pkg] = ""
     out["hf_tpu_code"] = _hf_tpu_code_digest()
+    from hf_tpu import compile_options
+
+    out["partitioner"] = compile_options.partition_fn().__name__  # HF_TPU_PARTITIONER: which values the forward saves
     return out
 
 
