@@ -8,7 +8,8 @@ eager_bench.py's Qwen3-0.6B-wide 2-layer model; seeded, offline, dropout off) on
 forward with labels, backward, optimizer step, zero_grad, the loss read back (`.item()`, so the step is
 finished when the clock stops). After `--warmup` steps (the compiled mode traces and compiles its forward and
 backward programs there, and the fused AdamW program compiles on the first step), `--steps` steps are timed:
-the median step time and its spread (min-max), and the process's peak RSS (build, move and steps included).
+the median step time and its spread (min-max), the median step's CPU-seconds (the process's, all threads:
+less sensitive to other processes' load than wall time), and the process's peak RSS (build, move and steps included).
 Precision is "highest" for float32 work on every device; the matmuls run in bfloat16 under autocast.
 `--tiny` runs a 2-layer, 64-wide GPT-2 (a smoke test of the script). `--hugetlb` starts every mode's
 process (CPU's too) with GLIBC_TUNABLES=glibc.malloc.hugetlb=1: glibc's heap and its mmapped blocks on
@@ -45,9 +46,9 @@ model = getattr(transformers, cls_name)(config).to(device).train()
 opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
 fwd = torch.compile(model, backend="tpu") if mode == "tpu-compiled" else model
 ids = torch.randint(0, config.vocab_size, (batch, seq)).to(device)
-times, losses = [], []
+times, cpu_times, losses = [], [], []
 for i in range(warmup + steps):
-    t = time.perf_counter()
+    t, c = time.perf_counter(), time.process_time()
     with torch.autocast(device, dtype=torch.bfloat16):
         loss = fwd(input_ids=ids, labels=ids).loss
     loss.backward()
@@ -55,9 +56,11 @@ for i in range(warmup + steps):
     opt.zero_grad(set_to_none=True)
     losses.append(loss.item())
     times.append(time.perf_counter() - t)
+    cpu_times.append(time.process_time() - c)
 timed = times[warmup:]
 print(json.dumps({"mode": mode, "first_s": times[0], "median_s": statistics.median(timed), "min_s": min(timed),
                   "max_s": max(timed), "losses": losses,
+                  "cpu_s": statistics.median(cpu_times[warmup:]),
                   "params_m": sum(p.numel() for p in model.parameters()) / 1e6,
                   "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20}))
 """
@@ -135,7 +138,8 @@ def main() -> None:
                 continue
             res["round"] = r
             results[mode].append(res)
-            print(f"round {r + 1} {mode}: {res['median_s']:.3f} s/step (first {res['first_s']:.1f} s), "
+            print(f"round {r + 1} {mode}: {res['median_s']:.3f} s/step, {res['cpu_s']:.2f} CPU-s/step "
+                  f"(first {res['first_s']:.1f} s), "
                   f"peak RSS {res['peak_rss_gb']:.2f} GB", file=sys.stderr, flush=True)
     failed = [m for m in modes if not results[m]]
     modes = [m for m in modes if results[m]]
@@ -146,9 +150,9 @@ def main() -> None:
     print(f"\nFine-tuning step, {size} ({params:.1f}M params), batch {args.batch} x {args.seq}, AdamW(fused=True), "
           f"bfloat16 autocast; {args.warmup} warm-up + {args.steps} timed steps per process, {args.rounds} "
           f"process(es) per mode{'; every process with GLIBC_TUNABLES=' + HUGETLB if args.hugetlb else ''}\n")
-    print("| mode | step s (median) | spread (min-max) | first step s | peak RSS GB | vs CPU time (rounds min-max) | "
-          "vs CPU RSS (rounds min-max) |")
-    print("|---|---|---|---|---|---|---|")
+    print("| mode | step s (median) | spread (min-max) | CPU-s/step | first step s | peak RSS GB | "
+          "vs CPU time (rounds min-max) | vs CPU RSS (rounds min-max) |")
+    print("|---|---|---|---|---|---|---|---|")
     base = results.get("cpu") or None
     base_t = statistics.median(r["median_s"] for r in base) if base else None
     base_m = statistics.median(r["peak_rss_gb"] for r in base) if base else None
@@ -157,6 +161,7 @@ def main() -> None:
         t = statistics.median(r["median_s"] for r in rs)
         lo, hi = min(r["min_s"] for r in rs), max(r["max_s"] for r in rs)
         first = statistics.median(r["first_s"] for r in rs)
+        cpu_s = statistics.median(r["cpu_s"] for r in rs)  # the process's CPU-seconds: less load-dependent
         m = statistics.median(r["peak_rss_gb"] for r in rs)
         vt = f"{t / base_t:.2f}x" if base_t else "-"
         vm = f"{m / base_m:.2f}x" if base_m else "-"
@@ -168,9 +173,9 @@ def main() -> None:
                 mr = [a["peak_rss_gb"] / b["peak_rss_gb"] for a, b in pairs]
                 vt += f" ({min(tr):.2f}-{max(tr):.2f})"
                 vm += f" ({min(mr):.2f}-{max(mr):.2f})"
-        print(f"| {mode} | {t:.3f} | {lo:.3f}-{hi:.3f} | {first:.1f} | {m:.2f} | {vt} | {vm} |")
+        print(f"| {mode} | {t:.3f} | {lo:.3f}-{hi:.3f} | {cpu_s:.2f} | {first:.1f} | {m:.2f} | {vt} | {vm} |")
     for mode in failed:
-        print(f"| {mode} | failed (see stderr) | | | | | |")
+        print(f"| {mode} | failed (see stderr) | | | | | | |")
     if base:
         cpu_loss = base[0]["losses"]
         for mode in modes:
