@@ -15,7 +15,9 @@ import dataclasses
 import importlib
 import pickle
 import types
+from collections.abc import Callable
 from typing import Any
+from unittest import mock
 
 PAYLOAD_VERSION = 1
 
@@ -94,7 +96,7 @@ def loads(payload: bytes, fn_globals: dict[str, Any]) -> Any:
     """The AOTCompiledFunction saved in `payload`, its graphs lowered by today's backend. Raises StaleEntry
     when the traced code changed, anything else when the payload is unusable."""
     import torch
-    from torch._dynamo import convert_frame
+    from torch._dynamo import convert_frame, package
     from torch._dynamo.aot_compile import AOTCompiledFunction
     from torch._dynamo.utils import get_metrics_context
     from torch._guards import CompileContext, TracingContext, compile_context, tracing
@@ -108,5 +110,33 @@ def loads(payload: bytes, fn_globals: dict[str, Any]) -> Any:
     # a tracing context too: unpickling an ImportSource in the saved guards installs a guard, which needs
     # one ("TracingContext.get() must be called within an ongoing trace": Zamba's graph never loaded)
     with compile_context(CompileContext(convert_frame.get_compile_id({}))), get_metrics_context(), \
-            tracing(TracingContext(None)), torch._functorch.config.patch(bundled_autograd_cache=True):
+            tracing(TracingContext(None)), torch._functorch.config.patch(bundled_autograd_cache=True), \
+            mock.patch.object(package, "load_guards_state", _any_thread_count(package.load_guards_state)):
         return AOTCompiledFunction.deserialize(state["artifact"], f_globals=f_globals)
+
+
+def _any_thread_count(load: Callable[[bytes], Any]) -> Callable[[bytes], Any]:
+    """torch._dynamo.package.load_guards_state, with the saved global-state guard's thread count made this
+    process's. Dynamo guards torch.get_num_threads() (Inductor's C++ code is built for it); the tpu backend's
+    graph and program do not depend on it, and it is not in the key: a graph saved by a process with another
+    thread count (a `--jobs 1` sweep's workers have 2, `--jobs 2`'s have 1, pytest's the core count) was a
+    guard miss ("GLOBAL_STATE changed: num_threads"), compiled again (BartForCausalLM's train step: ~10
+    CPU-s) and saved over the entry, so processes of both kinds missed by turns. The other global state
+    (grad mode, autocast, default dtype, deterministic algorithms) stays guarded."""
+    import json
+
+    import torch
+
+    def loaded(guards_state: bytes) -> Any:
+        state = load(guards_state)
+        saved = getattr(getattr(state, "output_graph", None), "global_state_guard", None)
+        if saved is not None:
+            fields = json.loads(saved.__getstate__())
+            if "num_threads" in fields:
+                fields["num_threads"] = torch.get_num_threads()
+                guard = type(saved).__new__(type(saved))
+                guard.__setstate__(json.dumps(fields))
+                state.output_graph.global_state_guard = guard
+        return state
+
+    return loaded

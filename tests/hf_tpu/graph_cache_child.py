@@ -63,6 +63,8 @@ def main() -> None:
     import torch._dynamo
 
     _count_traces()
+    if os.environ.get("CHILD_THREADS"):
+        torch.set_num_threads(int(os.environ["CHILD_THREADS"]))
     hf_tpu.set_matmul_precision(os.environ.get("CHILD_PRECISION", "highest"))
     if os.environ.get("CHILD_INJECT") == "1":
         # an injected lowering change: aten.relu lowered as identity (the op's lowering, not the graph)

@@ -75,6 +75,16 @@ def test_guard_miss_falls_back_and_stays_correct(tmp_path: Path) -> None:
     assert other["max_err"] < TOL and other["again_err"] < TOL
 
 
+def test_graph_saved_with_another_thread_count_loads(tmp_path: Path) -> None:
+    # Dynamo guards torch's thread count; a graph saved by a 2-thread process (a --jobs 1 sweep worker) was a
+    # guard miss in a 1-thread one (--jobs 2), compiled again and saved over, then missed by the other in turn
+    cold = run(tmp_path, CHILD_THREADS="2")
+    assert cold["tiers"]["saved"] == 1
+    warm = run(tmp_path, CHILD_THREADS="1")
+    assert warm["tiers"]["guard_misses"] == 0 and warm["tiers"]["host"]["hits"] == 1 and warm["traces"] == 0, warm
+    assert warm["max_err"] < TOL and warm["again_err"] < TOL
+
+
 @pytest.mark.parametrize("damage", ["flip", pytest.param("truncate", marks=pytest.mark.slow),
                                     pytest.param("bad_payload", marks=pytest.mark.slow)])
 def test_corrupt_entry_is_ignored_with_a_warning(tmp_path: Path, damage: str) -> None:
