@@ -109,12 +109,17 @@ def fast_compile_flags_added() -> tuple[str, ...]:
 
 
 def _sync_cpu_dispatch() -> bool:
-    """Run XLA:CPU programs on the calling thread (JAX's jax_cpu_enable_async_dispatch=False) when the
-    stand-in runs on the host CPU. Async dispatch hands every program to a worker thread: on a real TPU
-    that overlaps host and device, but here host and "device" are the same cores, and the handoff doubles
-    the cost of a small eager op (a 16x64 add: 15 -> 7 us per call; ten chained adds: 160 -> 70 us,
-    measured on this 2-core machine). HF_TPU_CPU_ASYNC_DISPATCH=1 keeps JAX's default."""
-    return os.environ.get("HF_TPU_CPU_ASYNC_DISPATCH", "0") != "1" and _cpu_only()
+    """Whether to run XLA:CPU programs on the calling thread (JAX's jax_cpu_enable_async_dispatch=False) when
+    the stand-in runs on the host CPU: only when HF_TPU_CPU_ASYNC_DISPATCH=0. By default JAX's asynchronous
+    dispatch is kept, as on a real TPU: a program runs on XLA's worker thread while Python dispatches the next
+    ops, so the model's Python and hf-tpu's dispatch (~27 CPU-ms of a GPT-2 124M 1x64 forward's ~190) overlap
+    the programs instead of adding to them. Measured on this 2-core machine (loaded, each side its own process,
+    alternating; logits bit-identical, the same executables run): GPT-2 forward wall 819/895/828 -> 595/593/568
+    ms, process CPU 194/211/199 -> 195/189/182 ms, the main thread's CPU 135 -> 27 ms. The cost is a handoff
+    for mid-sized programs (XLA:CPU still runs the tiniest inline): a 16 x 64 add 21 -> 28 CPU-us, a
+    16-element one 20 -> 18; the tiny Llama's forward 5.9 -> 6.3-6.6 process CPU-ms. (Sync was chosen on an
+    earlier measurement that found the handoff doubling a small op's cost.)"""
+    return os.environ.get("HF_TPU_CPU_ASYNC_DISPATCH", "1") == "0" and _cpu_only()
 
 
 @functools.cache
