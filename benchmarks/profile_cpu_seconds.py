@@ -14,10 +14,12 @@ no op time (a negative dispatch), its op time lands in another class.
 
 Every figure also has its main-thread part (time.thread_time of the thread running the model): CPU eager's
 OpenMP threads and XLA's intra-op pool (tf_XLAEigen) do the rest. The forward's wall time on a quiet machine
-is close to its main thread's CPU time (every op, and XLA's share of each program, runs there one after
-another), so the main-thread columns show the critical path while the machine is loaded: a dot that XLA
-keeps on the calling thread costs its whole CPU time in wall time, one that oneDNN splits over two threads
-half. The per-thread totals of each forward (/proc/self/task/*/schedstat) are printed by thread name.
+with programs run on the calling thread (the script sets HF_TPU_CPU_ASYNC_DISPATCH=0, as the
+attribution needs) is close to its main thread's CPU time (every op, and XLA's share of each program, runs
+there one after another), so the main-thread columns show the critical path while the machine is loaded: a
+dot that XLA keeps on the calling thread costs its whole CPU time in wall time, one that oneDNN splits over
+two threads half. The per-thread totals of each forward (/proc/self/task/*/schedstat) are printed by
+thread name.
 
 Run with OMP_WAIT_POLICY=PASSIVE: PyTorch's OpenMP threads otherwise spin after each parallel region and count
 as CPU-seconds (25x CPU eager's matmul time on a tiny Llama, measured). Not a test; the note of issue 31 has the
@@ -37,6 +39,8 @@ from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TORCH_TPU_DEFER_AND_FUSE", "0")
+# each program on the calling thread, so that an op's time holds its program (runtime._sync_cpu_dispatch)
+os.environ.setdefault("HF_TPU_CPU_ASYNC_DISPATCH", "0")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from eager_bench import MODELS, build  # noqa: E402
@@ -54,7 +58,8 @@ class Clock:
         self.xla: collections.Counter = collections.Counter()
         self.xla_ops: collections.Counter = collections.Counter()
         # the same, main thread only (time.thread_time)
-        self.ops_main: dict[str, collections.Counter] = {"cpu": collections.Counter(), "tpu": collections.Counter()}
+        self.ops_main: dict[str, collections.Counter] = {"cpu": collections.Counter(),
+                                                         "tpu": collections.Counter()}
         self.xla_main: collections.Counter = collections.Counter()
 
     def mode(self) -> Any:
@@ -119,7 +124,8 @@ def thread_cpu() -> dict[int, tuple[str, int]]:
     return out
 
 
-def by_thread_name(before: dict[int, tuple[str, int]], after: dict[int, tuple[str, int]]) -> collections.Counter:
+def by_thread_name(before: dict[int, tuple[str, int]],
+                   after: dict[int, tuple[str, int]]) -> collections.Counter:
     """CPU seconds per thread name between two thread_cpu() snapshots; the main thread as "main"."""
     spent: collections.Counter = collections.Counter()
     for tid, (name, ns) in after.items():
@@ -183,10 +189,12 @@ def main() -> None:
         if not (a or b or x):
             continue
         tot = [u + v for u, v in zip(tot, (a, b, x, am, bm, xm), strict=True)]
-        print(f"| {c} | {clock.calls['tpu'][c] / n:.0f} | {a:.1f} / {am:.1f} | {b:.1f} / {bm:.1f} | {x:.1f} / {xm:.1f}"
-              f" | {b - x:.1f} / {bm - xm:.1f} | {f'{b / a:.2f}' if a else '-'} | {f'{bm / am:.2f}' if am else '-'} |")
+        ratio, ratio_main = f"{b / a:.2f}" if a else "-", f"{bm / am:.2f}" if am else "-"
+        print(f"| {c} | {clock.calls['tpu'][c] / n:.0f} | {a:.1f} / {am:.1f} | {b:.1f} / {bm:.1f} | "
+              f"{x:.1f} / {xm:.1f} | {b - x:.1f} / {bm - xm:.1f} | {ratio} | {ratio_main} |")
     a, b, x, am, bm, xm = tot
-    print(f"| all ops | | {a:.1f} / {am:.1f} | {b:.1f} / {bm:.1f} | {x:.1f} / {xm:.1f} | {b - x:.1f} / {bm - xm:.1f} "
+    print(f"| all ops | | {a:.1f} / {am:.1f} | {b:.1f} / {bm:.1f} | {x:.1f} / {xm:.1f} | "
+          f"{b - x:.1f} / {bm - xm:.1f} "
           f"| {b / a:.2f} | {bm / am:.2f} |")
     top = sorted(clock.xla_ops.items(), key=lambda kv: -kv[1])[:8]
     print("\ntpu XLA CPU-ms per forward by op: " + ", ".join(f"{k.removeprefix('aten::')} {v * 1e3 / n:.1f}"

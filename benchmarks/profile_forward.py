@@ -7,7 +7,7 @@ both up, then records `--repeats` forwards (no grad, no cache) of each under tor
 grouped into classes (matmul, attention, normalisation, elementwise, embedding/indexing, layout/views,
 other) by their self time, so a composite op (linear) is counted where its kernel (addmm) runs.
 
-On tpu each op runs synchronously (hf-tpu turns JAX's async CPU dispatch off), so an op's self time is its
+On tpu each op runs synchronously (the script sets HF_TPU_CPU_ASYNC_DISPATCH=0), so an op's self time is its
 whole cost: hf-tpu's Python dispatch plus the XLA program. The XLA part is measured separately: every
 cached eager program (dispatch's plans, hf_tpu/plans.py) is wrapped in a timer for the profiled forwards,
 and the rest of the op's self time is dispatch (argument inspection, plan lookup, wrapping the result).
@@ -30,6 +30,8 @@ from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TORCH_TPU_DEFER_AND_FUSE", "0")
+# each program on the calling thread, so that an op's time holds its program (runtime._sync_cpu_dispatch)
+os.environ.setdefault("HF_TPU_CPU_ASYNC_DISPATCH", "0")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from eager_bench import MODELS, build  # noqa: E402

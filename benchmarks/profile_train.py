@@ -31,6 +31,8 @@ from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TORCH_TPU_DEFER_AND_FUSE", "0")
+# each program on the calling thread, so that an op's time holds its program (runtime._sync_cpu_dispatch)
+os.environ.setdefault("HF_TPU_CPU_ASYNC_DISPATCH", "0")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from profile_classes import TRAIN_CLASSES as CLASSES  # noqa: E402

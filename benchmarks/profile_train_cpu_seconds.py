@@ -12,7 +12,8 @@ offline, dropout off, precision "highest"), keeps a CPU and a tpu copy, takes tw
 
 1. `--steps` plain steps of each, alternating: CPU-seconds per phase (forward, backward, optimizer step,
    zero_grad + item) and the tpu/CPU ratio of each pair's whole step. tpu ops are synchronous here (XLA:CPU
-   runs each program on the calling thread, runtime.py), so a phase's CPU-seconds are its own.
+   runs each program on the calling thread: the script sets HF_TPU_CPU_ASYNC_DISPATCH=0), so a phase's
+   CPU-seconds are its own.
 2. `--steps` steps of each under a TorchDispatchMode that times every ATen op reaching dispatch (leaf ops; the
    backward's run on autograd's device thread, which inherits the mode) with `process_time`, per op class and
    phase; on tpu every XLA program hf-tpu runs (xla_options.jit's, wrapped before the first tpu op) is timed
@@ -42,6 +43,8 @@ from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TORCH_TPU_DEFER_AND_FUSE", "0")
+# each program on the calling thread, so that an op's time holds its program (runtime._sync_cpu_dispatch)
+os.environ.setdefault("HF_TPU_CPU_ASYNC_DISPATCH", "0")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from profile_classes import TRAIN_CLASSES, op_class, wait  # noqa: E402
