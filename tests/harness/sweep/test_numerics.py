@@ -157,3 +157,19 @@ def test_the_failure_message_prints_the_bound_it_applied():
     assert f"{tol.floor_value:g}*scale={floor:.3g} (scale 7.62e-05" in reason, reason
     bound_terms = reason.split(" > ")[1]
     assert f"{floor:.3g}" in bound_terms
+
+
+def test_rmse_and_allclose_skip_non_finite_elements_and_only_them():
+    # _finite gathers the finite elements only when there are non-finite ones (the gather was the rule's
+    # largest cost on the all-finite tensors it nearly always judges)
+    from harness.sweep.numerics import _rms, _rmse, scaled_allclose
+
+    a = torch.tensor([1.0, 2.0, math.inf, 4.0, math.nan])
+    b = torch.tensor([1.5, 2.0, math.inf, 3.0, math.nan])
+    assert _rmse(a, b) == pytest.approx(math.sqrt((0.25 + 1.0) / 3))  # inf - inf and nan: left out
+    assert _rms(a) == pytest.approx(math.sqrt((1 + 4 + 16) / 3))
+    assert _rmse(a[:2], b[:2]) == pytest.approx(math.sqrt(0.25 / 2)) and _rms(a[:2]) == pytest.approx(math.sqrt(2.5))
+    assert _rmse(torch.tensor([math.nan]), torch.tensor([math.nan])) == 0.0
+    assert scaled_allclose(a, a.clone(), 1e-6, 1.0)
+    assert not scaled_allclose(a, b, 1e-6, 1.0)  # a finite element differs, beside the non-finite ones
+    assert scaled_allclose(a[:2], a[:2] + 1e-8, 1e-6, 1.0) and not scaled_allclose(a[:2], b[:2], 1e-6, 1.0)
