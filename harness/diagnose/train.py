@@ -185,8 +185,10 @@ def _valid_reference(ref: _Step, f64: _Step, tol: numerics.Tolerance, d: Diagnos
         return None
     a = {"loss.step1": ref.loss, **{f"grad.{k}": v for k, v in ref.grads.items()}}
     b = {"loss.step1": f64.loss, **{f"grad.{k}": v for k, v in f64.grads.items()}}
-    b = T.without(b, T.null_gradients(a, b))
-    a = T.without(a, T.null_gradients(a, b))
+    # one list for both sides: named again after b lost them, the null gradients were not found, and a's had
+    # "no float64 counterpart" (every row with a null gradient was diagnosed by allclose alone)
+    null = T.null_gradients(a, b)
+    a, b = T.without(a, null), T.without(b, null)
     ok, why = numerics.reference_valid(a, b, replace(tol, reference=tol.reference * T.REFERENCE_FACTOR))
     if not ok:
         d.notes.append(f"float64 reference invalid ({why}): allclose alone judges")

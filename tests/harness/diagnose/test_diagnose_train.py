@@ -72,3 +72,24 @@ def test_a_backward_op_that_raises_is_named_with_its_stage(tmp_path):
     assert d.located_op == "aten::mm.default", d.summary
     assert "failed at step 1 backward" in d.notes
     assert "float32[" in d.summary
+
+
+def test_the_float64_reference_is_kept_when_a_gradient_is_null():
+    # a gradient zero in exact arithmetic (float32 noise; float64's 1e-10 of it) is left out of both sides:
+    # the reference stays valid for the others (it was refused: "no float64 counterpart of the same shape")
+    import torch
+
+    from harness.diagnose.diagnosis import Diagnosis
+    from harness.diagnose.train import _Step, _valid_reference
+    from harness.sweep.numerics import Tolerance
+
+    ref, f64 = _Step(), _Step()
+    ref.loss, f64.loss = torch.tensor(1.5), torch.tensor(1.5, dtype=torch.float64)
+    ref.grads = {"w": torch.tensor([0.25, -0.5]), "key_bias": torch.tensor([3e-8, -2e-8])}
+    f64.grads = {"w": torch.tensor([0.25, -0.5], dtype=torch.float64),
+                 "key_bias": torch.tensor([3e-18, -2e-18], dtype=torch.float64)}
+    d = Diagnosis(entry_id="x", mode="eager", status="")
+    assert _valid_reference(ref, f64, Tolerance(1e-4), d) is f64, d.notes
+    assert not d.notes
+    f64.grads["w"] = torch.tensor([0.5, -0.5], dtype=torch.float64)  # a reference that took another path
+    assert _valid_reference(ref, f64, Tolerance(1e-4), d) is None and "invalid" in d.notes[0]
