@@ -77,8 +77,10 @@ def mixed_device_error(op: Any, other: torch.Tensor, device: Any = None) -> Runt
     )
 
 
-# Ops that accept CPU index tensors next to device tensors, as CUDA does.
-_CPU_INDEX_OK = {"index", "index_put", "index_put_", "_index_put_impl_", "_unsafe_index", "_unsafe_index_put"}
+# Ops that accept CPU index tensors next to device tensors, as CUDA does. `_index_put_impl` (functional) too:
+# the backward of x[cpu_index] on tpu reaches it, and DeepSeek-OCR2 / DeepSeek-VL-hybrid's train step raised there.
+_CPU_INDEX_OK = {"index", "index_put", "index_put_", "_index_put_impl_", "_index_put_impl", "_unsafe_index",
+                 "_unsafe_index_put"}
 
 
 def _unwrap(op: Any, x: Any) -> Any:

@@ -38,3 +38,19 @@ def test_backward_of_pooled_logits_matches_cpu() -> None:
         return x.grad.cpu()
 
     torch.testing.assert_close(grad("tpu"), grad("cpu"))
+
+
+@pytest.mark.parametrize("index", ["long", "bool"])
+def test_backward_of_indexing_with_a_cpu_index_matches_cpu(index: str) -> None:
+    """A tpu tensor indexed by a CPU index tensor (allowed, as on CUDA): its backward's _index_put_impl got the
+    CPU index too and raised "Expected all tensors to be on the same device" (DeepSeek-OCR2's train step)."""
+    torch.manual_seed(0)
+    base = torch.randn(5, 3)
+    idx = torch.tensor([4, 0, 4]) if index == "long" else torch.tensor([True, False, True, True, False])
+
+    def grad(dev: str) -> torch.Tensor:
+        x = base.to(dev).requires_grad_()
+        (x[idx] * torch.arange(3.0, device=dev)).sum().backward()
+        return x.grad.cpu()
+
+    torch.testing.assert_close(grad("tpu"), grad("cpu"))
