@@ -111,3 +111,61 @@ def mmap_threshold_applied() -> int | None:
 def applied() -> int | None:
     """The arena limit limit_arenas() set in this process, or None."""
     return _applied
+
+
+TRIM_ENV = "HF_TPU_MALLOC_TRIM"
+_trim_installed = False
+
+
+def trim_before_backward() -> bool:
+    """Give glibc's free heap pages back to the kernel (malloc_trim(0)) as each backward pass on tpu starts;
+    once per process, as HF_TPU_MALLOC_TRIM says (default 1; 0: off). Returns whether it is installed.
+
+    Why: a training step's peak RSS is reached early in the backward (the LM head's and the loss's gradients,
+    or a compiled backward program allocating every gradient while its saved inputs are still held), and at
+    that moment glibc still keeps, resident, the heap blocks the forward's temporaries freed (0.2-0.5 GB for
+    GPT-2 124M: step_memory.py --sample). malloc_trim(0) returns their whole pages (madvise), so they count
+    again only when reused. Measured on GPT-2 124M's step (bf16 autocast, AdamW fused, 4 x 128, one process
+    each, loaded machine): peak RSS eager 3.60 -> 3.27 GB, compiled 3.50 -> 3.31 GB; CPU-s per step 2.40 ->
+    2.49 and 2.06 -> 1.93 (within the load's noise: the pages refaulted are those the backward reuses).
+    Wraps torch.autograd.backward (Tensor.backward calls it); torch.autograd.grad is left as it is. Only for
+    glibc, and only where tpu buffers live in this heap (runtime.add_fast_compile_flags calls this when JAX
+    runs on the host CPU)."""
+    global _trim_installed
+    if _trim_installed:
+        return True
+    if os.environ.get(TRIM_ENV, "1") == "0" or not _is_glibc():
+        return False
+    import ctypes
+    import functools
+
+    import torch
+    import torch.autograd
+
+    try:
+        malloc_trim = ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):
+        return False
+    malloc_trim.argtypes = [ctypes.c_size_t]
+    original = torch.autograd.backward
+
+    @functools.wraps(original)
+    def backward(tensors: Any, *args: Any, **kwargs: Any) -> Any:
+        if _on_tpu(tensors):
+            malloc_trim(0)
+        return original(tensors, *args, **kwargs)
+
+    torch.autograd.backward = backward
+    _trim_installed = True
+    return True
+
+
+def _on_tpu(tensors: Any) -> bool:
+    import torch
+
+    if isinstance(tensors, torch.Tensor):
+        return tensors.device.type == "tpu"
+    try:
+        return any(isinstance(t, torch.Tensor) and t.device.type == "tpu" for t in tensors)
+    except TypeError:
+        return False

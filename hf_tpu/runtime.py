@@ -89,6 +89,7 @@ def add_fast_compile_flags() -> None:
     devices.add_xla_flag()
     if _cpu_only():  # tpu tensors' buffers live in this process's heap only when JAX runs on the host CPU
         host_malloc.limit_arenas()
+        host_malloc.trim_before_backward()  # the free heap given back as a backward starts (peak RSS)
     if os.environ.get("HF_TPU_XLA_FAST_COMPILE", "1") == "0" or not _cpu_only():
         return
     bridge = sys.modules.get("jax._src.xla_bridge")
