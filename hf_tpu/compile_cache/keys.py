@@ -108,10 +108,65 @@ def code_digest(code: types.CodeType) -> str:
     return h.hexdigest()[:16]
 
 
-def function_id(fn: Any) -> dict[str, str]:
+def function_id(fn: Any) -> dict[str, Any]:
+    """What the compiled function is: its name and code, and the values its code reads from its closure and its
+    globals. Dynamo bakes those values into the graph (a closed-over 3.0 becomes a constant, a closed-over
+    torch.sin the graph's op), and guard_filter drops the guards that protected them (global and identity
+    guards cannot be saved), so they must be in the key: `make(c)`'s `lambda x: x * c` compiled for c = 2.0
+    was served again for c = 3.0 (and torch.cos's graph for torch.sin's) before."""
     code = getattr(fn, "__code__", None)
-    return {"module": str(getattr(fn, "__module__", "")), "qualname": str(getattr(fn, "__qualname__", fn)),
-            "code": code_digest(code) if code is not None else ""}
+    out: dict[str, Any] = {"module": str(getattr(fn, "__module__", "")),
+                           "qualname": str(getattr(fn, "__qualname__", fn)),
+                           "code": code_digest(code) if code is not None else ""}
+    if code is None:
+        return out
+    cells = getattr(fn, "__closure__", None) or ()
+    out["closure"] = [_cell_value(c) for c in cells]
+    fn_globals = getattr(fn, "__globals__", {})
+    out["globals"] = {name: _value_id(fn_globals[name]) for name in sorted(_global_names(code))
+                      if name in fn_globals}
+    return out
+
+
+def _global_names(code: types.CodeType) -> set[str]:
+    """The names `code` (and the code nested in it) may read as globals: co_names holds attribute names too,
+    kept only where the function's globals have them."""
+    names = set(code.co_names)
+    for k in code.co_consts:
+        if isinstance(k, types.CodeType):
+            names |= _global_names(k)
+    return names
+
+
+def _cell_value(cell: Any) -> Any:
+    try:
+        return _value_id(cell.cell_contents)
+    except ValueError:  # a cell not yet filled
+        return "<empty cell>"
+
+
+def _value_id(x: Any, depth: int = 0) -> Any:
+    """A stable description of a value a function reads: functions, builtins and classes by qualified name (a
+    Python function with its code and own closure), modules by name, data as describe() gives it."""
+    if isinstance(x, types.ModuleType):
+        return {"module": x.__name__}
+    if isinstance(x, type):
+        return {"class": f"{x.__module__}.{x.__qualname__}"}
+    if isinstance(x, types.FunctionType) and depth < 3:
+        cells = x.__closure__ or ()
+        return {"fn": f"{x.__module__}.{x.__qualname__}", "code": code_digest(x.__code__),
+                "closure": [_value_id(c.cell_contents, depth + 1) if _filled(c) else "<empty cell>" for c in cells]}
+    if callable(x) and hasattr(x, "__qualname__") and not isinstance(x, torch.nn.Module):
+        return {"fn": f"{getattr(x, '__module__', '')}.{x.__qualname__}"}
+    return describe(x)
+
+
+def _filled(cell: Any) -> bool:
+    try:
+        cell.cell_contents
+    except ValueError:
+        return False
+    return True
 
 
 def _config_digest(config: Any) -> str:

@@ -163,3 +163,41 @@ def test_aotautograd_cache_directory_follows_versions_and_lowering_table(monkeyp
     monkeypatch.undo()
     aot_cache._salt.cache_clear()
     assert aot_cache.directory() == base
+
+
+SCALE = 2.0
+
+
+def _times_scale(x):  # noqa: ANN001, ANN202 - reads the global SCALE
+    return x * SCALE
+
+
+def test_closure_and_global_values_change_the_key(monkeypatch) -> None:
+    """Dynamo bakes what a function reads from its closure and globals into the graph, and the saved guards
+    leave global and identity guards out: before, `lambda x: x * c` compiled for c = 2.0 was served again for
+    c = 3.0, and a closed-over torch.sin's graph for torch.cos (wrong results in one process)."""
+    def scaled(c):  # noqa: ANN001, ANN202
+        return lambda x: x * c
+
+    def applied(f):  # noqa: ANN001, ANN202
+        return lambda x: f(x)
+
+    x = torch.zeros(3)
+    k = lambda fn: keys.call_key(fn, (x,), {})[0]  # noqa: E731
+    assert k(scaled(2.0)) == k(scaled(2.0))
+    assert k(scaled(2.0)) != k(scaled(3.0))
+    assert k(applied(torch.sin)) == k(applied(torch.sin))
+    assert k(applied(torch.sin)) != k(applied(torch.cos))
+    before = k(_times_scale)
+    monkeypatch.setattr(__import__(__name__), "SCALE", 3.0)
+    assert k(_times_scale) != before
+
+    x = torch.randn(5)
+    for c in (2.0, 3.0):
+        torch._dynamo.reset()
+        out = torch.compile(scaled(c), backend="tpu", dynamic=False)(x.to("tpu")).cpu()
+        torch.testing.assert_close(out, x * c)
+    for f in (torch.sin, torch.cos):
+        torch._dynamo.reset()
+        out = torch.compile(applied(f), backend="tpu", dynamic=False)(x.to("tpu")).cpu()
+        torch.testing.assert_close(out, f(x))
