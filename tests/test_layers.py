@@ -38,7 +38,7 @@ HF_TPU_LAYERS: list[tuple[str, list[str]]] = [
                                   "hf_tpu.unpool", "hf_tpu.scatter_ops",
                                   "hf_tpu.segment_reduce",
                                   "hf_tpu.fractional_pool", "hf_tpu.histogram", "hf_tpu.half_kernels", "hf_tpu.half_steps", "hf_tpu.batch_norm",
-                                  "hf_tpu.topk_ties",
+                                  "hf_tpu.topk_ties", "hf_tpu.pool_ties",
                                   "hf_tpu.graph_parity"]),
     ("fused eager mode's recorder", ["hf_tpu.fused"]),
     ("tpu tensors and host copies", ["hf_tpu.tensor", "hf_tpu.host_copy"]),
