@@ -53,6 +53,13 @@ def _to_copy(x: Any, *, dtype: torch.dtype | None = None, **_: Any) -> Any:
     return x if dtype is None else float8.cast(x, dtypes.to_jax(dtype))
 
 
+@lowers(torch.ops.prims.convert_element_type.default)
+def _convert_element_type(x: Any, dtype: torch.dtype) -> Any:
+    """PyTorch's references (torch._refs, the decompositions compiled graphs use for ops with no lowering, such
+    as renorm on half inputs) convert dtypes with this prim: the same conversion as _to_copy."""
+    return float8.cast(x, dtypes.to_jax(dtype))
+
+
 @lowers(aten._grouped_mm.default)
 def _grouped_mm(a: Any, b: Any, offs: Any = None, bias: Any = None, out_dtype: torch.dtype | None = None) -> Any:
     """torch._grouped_mm (MoE experts; Transformers uses it on tpu for every dtype). JAX's ragged_dot is the

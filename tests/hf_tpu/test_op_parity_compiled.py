@@ -210,3 +210,14 @@ def test_half_layer_norm_compiled_keeps_cpus_statistics(dtype, params) -> None:
 
     tpu = [None if a is None else a.detach().to("tpu").requires_grad_() for a in (x, w, b)]
     op_parity.compare(run(fn, x, w, b), run(_compiled(fn), *tpu))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_renorm_compiled(dtype) -> None:
+    """renorm has no lowering; compiled, its decomposition (torch._refs.renorm) converts dtypes with
+    prims.convert_element_type, which had none either: the OpInfo pairs renorm:bfloat16/float16 failed with
+    BackendCompilerFailed (NoLowering)."""
+    torch.manual_seed(0)
+    x = torch.randn(4, 5, 3).to(dtype)
+    _check(lambda t: torch.renorm(t, 2, 1, 0.5), x)
+    _check(lambda t: torch.ops.prims.convert_element_type(t, torch.float32) * 2, x)
