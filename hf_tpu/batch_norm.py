@@ -294,6 +294,18 @@ def _batch_norm_functional(x: Any, weight: Any, bias: Any, running_mean: Any, ru
     return out, mean, invstd, new_mean, new_var
 
 
+@lowers(aten._batch_norm_with_update_functional.default)
+def _batch_norm_with_update_functional(x: Any, weight: Any, bias: Any, running_mean: Any, running_var: Any,
+                                       momentum: float, eps: float) -> Any:
+    """_batch_norm_with_update as compiled graphs hold it (functionalized): CPU's arithmetic as eager's
+    (functionalize.batch_norm_with_update), CPU's empty uint8 reserve, and the new running statistics. PyTorch's
+    decomposition, which graphs used before, rounded a half input's output differently (0.125 off in bfloat16)."""
+    jnp = _jax().numpy
+    out, mean, invstd, new_mean, new_var = _batch_norm_functional(x, weight, bias, running_mean, running_var, True,
+                                                                  momentum, eps)
+    return out, mean, invstd, jnp.zeros((0,), jnp.uint8), new_mean, new_var
+
+
 lowers(aten._native_batch_norm_legit_no_training.default)(
     lambda x, w, b, mean, var, momentum, eps: batch_norm_eval(x, w, b, mean, var, eps))
 lowers(aten._native_batch_norm_legit.no_stats)(

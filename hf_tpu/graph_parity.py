@@ -48,7 +48,8 @@ def refuse_dynamos_addcdiv(gm: torch.fx.GraphModule) -> None:
 
 
 _BATCH_NORMS = ("native_batch_norm.default", "_native_batch_norm_legit.default", "_native_batch_norm_legit.no_stats",
-                "_native_batch_norm_legit_functional.default", "_native_batch_norm_legit_no_training.default")
+                "_native_batch_norm_legit_functional.default", "_native_batch_norm_legit_no_training.default",
+                "_batch_norm_with_update.default", "_batch_norm_with_update_functional.default")
 
 
 def _cpu_batch_norm_statistics(decomposition: Callable[..., Any]) -> Callable[..., Any]:
@@ -69,7 +70,7 @@ def _cpu_batch_norm_statistics(decomposition: Callable[..., Any]) -> Callable[..
         name = rule.__dict__["_op_name"]
         if name.endswith("no_training"):
             training = False
-        elif name.endswith("no_stats"):
+        elif name.endswith("no_stats") or name.startswith("_batch_norm_with_update"):  # training forms
             training = True
         else:
             training = bool(args[5] if len(args) > 5 else kwargs.get("training"))
