@@ -150,9 +150,11 @@ def _promoted(fn: Callable[..., Any], want: Any) -> Callable[..., Any]:
 
 def to_jax_function(gm: torch.fx.GraphModule,
                     wrap_node: Callable[[torch.fx.Node, Callable[..., Any]], Callable[..., Any]] | None = None,
-                    ) -> Callable[..., Any]:
+                    return_infos: bool = True) -> Callable[..., Any]:
     """A function over JAX arrays that computes `gm` (functional ATen) with our lowerings; `wrap_node`
-    may wrap a node's lowering (bounded.py masks padded positions that way)."""
+    may wrap a node's lowering (bounded.py masks padded positions that way). With linalg error checks in the
+    graph (_is_error_check) and `return_infos`, it returns (outputs, the checks' infos) and names the checks in
+    its `error_checks`; without, the checks are skipped (padded graphs: their outputs are unpadded as a whole)."""
     graph_parity.refuse_dynamos_addcdiv(gm)
     nodes = list(gm.graph.nodes)
     fns: dict[torch.fx.Node, Callable[..., Any]] = {}
@@ -170,9 +172,13 @@ def to_jax_function(gm: torch.fx.GraphModule,
             if wrap_node is not None:
                 fns[n] = wrap_node(n, fns[n])
 
+    checks = [n for n in nodes if _is_error_check(n)]
+    returned = checks if return_infos else []
+
     def run(*inputs: Any) -> Any:
         jnp = T._jnp()
         env: dict[torch.fx.Node, Any] = {}
+        infos: list[Any] = []
         it = iter(inputs)
         for n in nodes:
             if n.op == "placeholder":
@@ -197,13 +203,33 @@ def to_jax_function(gm: torch.fx.GraphModule,
                                 tuple(res.shape) != tuple(val.shape) and res.size == val.numel():
                             res = jnp.reshape(res, tuple(val.shape))
                     env[n] = res
+                elif n in checks:  # the token passes through; the info is checked after the program ran
+                    infos.append(args[2])
+                    env[n] = (args[0],)
                 else:  # operator.getitem, SymInt arithmetic
                     env[n] = n.target(*args, **kwargs)
             elif n.op == "output":
-                return torch.fx.node.map_arg(n.args[0], lambda a: env[a])
+                out = torch.fx.node.map_arg(n.args[0], lambda a: env[a])
+                return (out, infos) if returned else out
         raise AssertionError("graph without output")
 
+    run.error_checks = [(n.args[3], bool(n.kwargs.get("is_matrix", True))) for n in returned]  # type: ignore[attr-defined]
     return run
+
+
+def _is_error_check(n: torch.fx.Node) -> bool:
+    """A with_effects node running aten._linalg_check_errors (PyTorch makes it an effectful op: linalg.inv,
+    solve, cholesky, lu_factor, ... check their _ex form's `info` with it). A program cannot raise on a value it
+    computes, so the graph returns the info and `call` checks it on the host once the program has run, with
+    CPU's messages (before: the higher-order op was called on a JAX tracer and raised a TypeError)."""
+    return (n.op == "call_function" and n.target is torch.ops.higher_order.with_effects
+            and len(n.args) >= 4 and n.args[1] is torch.ops.aten._linalg_check_errors.default)
+
+
+def _check_errors(checks: list[tuple[str, bool]], infos: list[Any]) -> None:
+    for (api, is_matrix), info in zip(checks, infos, strict=True):
+        torch.ops.aten._linalg_check_errors(host_copy.to_cpu(info, dtypes.to_torch(info.dtype)), api,
+                                            is_matrix=is_matrix)
 
 
 _NO_META = object()  # a pytree leaf standing for an output node without a traced value
@@ -237,8 +263,9 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: list[Any], options: 
     if plan is None:
         fn = to_jax_function(gm)
     else:  # one program per bucket: the real sizes are its first (traced) argument
-        fn = plan.wrap(to_jax_function(gm, plan.wrap_node))
+        fn = plan.wrap(to_jax_function(gm, plan.wrap_node, return_infos=False))
         counters.bump("padded_graphs")
+    error_checks = getattr(fn, "error_checks", [])
     static = tuple(i + (plan is not None) for i, ex in enumerate(example_inputs) if not isinstance(ex, torch.Tensor))
     # the output node itself has no "val": its arguments (the returned nodes) do
     out_node = next(n for n in gm.graph.nodes if n.op == "output")
@@ -302,6 +329,9 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: list[Any], options: 
         held = getattr(program, "executables", None)
         held = held() if held is not None else None
         out = program(*jargs)
+        if error_checks:
+            out, infos = out
+            _check_errors(error_checks, infos)
         if held is not None and program.executables() > held and counters.count("compilations") == before:
             # loaded from the executable cache, never traced: a program built for this graph all the same
             # (the sweep's compile counts and steady-state recompile flag count programs, warm or cold)

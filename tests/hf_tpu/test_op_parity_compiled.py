@@ -245,3 +245,26 @@ def test_half_batch_norm_with_update_compiled(dtype) -> None:
 
     expected = run(fn, x, w, b, rm.clone(), rv.clone())
     op_parity.compare(expected, run(_compiled(fn), *[t.to("tpu") for t in (x, w, b, rm, rv)]))
+
+
+def test_linalg_error_checks_compiled() -> None:
+    """PyTorch runs linalg.inv/solve/cholesky/lu_factor/ldl_factor/tensorinv as their _ex forms plus an effectful
+    aten._linalg_check_errors(info), which a compiled graph holds as with_effects: it was called on a JAX tracer
+    ("Expected a value of type 'Tensor' for argument 'info'", 18 compiled OpInfo pairs, eig/eigvals backward too).
+    Now the graph returns the info and it is checked after the program: CPU's results, and CPU's error for a
+    matrix that is not positive definite (cholesky's lowering computes potrf's info; inv's torchax lowering
+    reports 0 always, so a singular matrix gives no error there, compiled or eager)."""
+    torch.manual_seed(0)
+    a = torch.randn(3, 4, 4)
+    spd = a @ a.mT + torch.eye(4)
+    b = torch.randn(3, 4, 2)
+    _check(torch.linalg.inv, a)
+    _check(torch.linalg.solve, a, b)
+    _check(torch.linalg.cholesky, spd)
+    _check(lambda m: torch.linalg.lu_factor(m), a)
+    not_pd = torch.stack([torch.eye(3), -torch.eye(3)])
+    with pytest.raises(RuntimeError) as cpu:
+        torch.linalg.cholesky(not_pd)
+    with pytest.raises(RuntimeError) as tpu:
+        _compiled(torch.linalg.cholesky)(not_pd.to("tpu"))
+    assert str(tpu.value) == str(cpu.value)
