@@ -57,6 +57,12 @@ class TpuOutputCode(OutputCode):
 
     def prepare_for_serialization(self) -> None:
         # called on a shallow copy (BundledOutputCodeLoadable.pre_save): the live graph stays usable
+        if self.gm is not None and any(n.op == "call_function" and n.target is torch.ops.higher_order.with_effects
+                                       for n in self.gm.graph.nodes):
+            # effect tokens (linalg's _linalg_check_errors): such a saved inference graph, loaded in another
+            # process, ran without its token input (StopIteration in the lowered graph: compiled linalg.inv on
+            # complex64); it stays usable in this process, unsaved (cached._compile: "compiled but not saved")
+            raise RuntimeError("a graph with effect tokens (with_effects) is not saved")
         if self.graph_bytes is None:
             self.graph_bytes = _dump_graph(self.gm)
         self.gm = None

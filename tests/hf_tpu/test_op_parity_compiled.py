@@ -268,3 +268,26 @@ def test_linalg_error_checks_compiled() -> None:
     with pytest.raises(RuntimeError) as tpu:
         _compiled(torch.linalg.cholesky)(not_pd.to("tpu"))
     assert str(tpu.value) == str(cpu.value)
+
+
+def test_linalg_error_check_graphs_across_processes(tmp_path) -> None:
+    """A graph with effect tokens (the linalg checks) saved by the graph cache and loaded by a second process
+    ran without its token input (StopIteration: compiled linalg.inv on complex64, inference); it is not saved
+    now, and both processes give CPU's result."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = ("import torch, hf_tpu\n"
+            "torch.manual_seed(0)\n"
+            "a = torch.randn(3, 4, 4, dtype=torch.complex64)\n"
+            "out = torch.compile(torch.linalg.inv, backend='tpu', dynamic=False)(a.to('tpu')).cpu()\n"
+            "torch.testing.assert_close(out, torch.linalg.inv(a), rtol=1e-4, atol=1e-4)\n")
+    env = {**os.environ, "HF_TPU_COMPILE_CACHE": "1", "HF_TPU_CACHE_DIR": str(tmp_path / "xla"),
+           "HF_TPU_GRAPH_CACHE_DIR": str(tmp_path / "graphs"), "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "torch"),
+           "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[2]), os.environ.get("PYTHONPATH", "")])}
+    env.pop("HF_TPU_SHARED_CACHE_DIR", None)
+    for _ in range(2):
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
+        assert r.returncode == 0, r.stderr[-3000:]
