@@ -101,10 +101,7 @@ def test_wrong_backward_lowering_is_fail_accuracy_naming_the_parameter(tmp_path)
     is wrong (the canary's mechanism, harness/sweep/canary.py, on one backward op)."""
     from hf_tpu import hooks
 
-    def replace(op, fn):
-        return (lambda *a, **k: fn(*a, **k) * 1.05) if op.__name__.split(".")[0] == "mm" else None
-
-    with hooks.override_lowerings(replace):
+    with hooks.override_lowerings(_mm_wrong(1.05)):
         row = _train_rows("pass", tmp_path)["eager"]
     assert row["status"] == "fail_accuracy", {k: v for k, v in row.items() if v not in (None, "")}
     assert row["located_module"] == "fc1.weight"  # the first parameter (model order) whose gradient is wrong
@@ -112,7 +109,7 @@ def test_wrong_backward_lowering_is_fail_accuracy_naming_the_parameter(tmp_path)
     assert "loss.step1" not in row["error_message"]  # the forward was right
     assert not row.get("located_op")  # without --diagnose the row names no op
     # --diagnose: the backward op, and the parameter nearest the loss (backward order), with a repro
-    with hooks.override_lowerings(replace):
+    with hooks.override_lowerings(_mm_wrong(1.05)):
         row = _train_rows("pass", tmp_path / "d", diagnose=True)["eager"]
     assert (row["located_module"], row["located_op"]) == ("fc2.weight", "aten::mm.default"), row
     assert row["repro_path"].endswith("repro.py")
@@ -309,6 +306,14 @@ def test_nudge_moves_every_element_one_ulp_by_a_seeded_coin():
     assert 400 < int((a == up).sum()) < 600
 
 
+def _mm_wrong(factor):
+    """A replacement for hooks.override_lowerings: mm (the Linear layers' backward only) scaled by `factor`."""
+    def replace(op, fn):
+        return (lambda *a, **k: fn(*a, **k) * factor) if op.__name__.split(".")[0] == "mm" else None
+
+    return replace
+
+
 def _spread_runs(kind, tmp_path, monkeypatch, modes=("eager", "fused")):
     """The train rows of test:`kind`, the phase events and the nudged runs made (train.nudged)."""
     (entry,) = testzoo.parse_spec(f"test:{kind}")
@@ -365,10 +370,7 @@ def test_a_cancellation_residue_gradient_is_not_a_false_alarm(tmp_path, monkeypa
     assert row["status"] == "fail_accuracy" and "grad.query.weight" in row["error_message"], row
     monkeypatch.undo()
 
-    def replace(op, fn):
-        return (lambda *a, **k: fn(*a, **k) * 1.01) if op.__name__.split(".")[0] == "mm" else None
-
-    with hooks.override_lowerings(replace):
+    with hooks.override_lowerings(_mm_wrong(1.01)):
         row = _spread_runs("residue", tmp_path / "wrong", monkeypatch, modes=("eager",))[0]["eager"]
     assert row["status"] == "fail_accuracy" and not row.get("uninformative"), row
 
@@ -379,9 +381,6 @@ def test_a_backward_lowering_1pct_wrong_still_fails_against_float32s_spread(tmp_
     the first wrong gradient."""
     from hf_tpu import hooks
 
-    def replace(op, fn):
-        return (lambda *a, **k: fn(*a, **k) * 1.01) if op.__name__.split(".")[0] == "mm" else None
-
     judged = []
     real = train.within_spread
 
@@ -390,7 +389,7 @@ def test_a_backward_lowering_1pct_wrong_still_fails_against_float32s_spread(tmp_
         return judged[-1]
 
     monkeypatch.setattr(train, "within_spread", spy)
-    with hooks.override_lowerings(replace):
+    with hooks.override_lowerings(_mm_wrong(1.01)):
         rows, phases, made = _spread_runs("pass", tmp_path, monkeypatch, modes=("eager",))
     row = rows["eager"]
     assert row["status"] == "fail_accuracy" and not row.get("uninformative"), row
