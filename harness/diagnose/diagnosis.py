@@ -42,7 +42,9 @@ class Diagnosis:
     repro_path: str = ""
     report_path: str = ""
     phase: str = "inference"  # train: harness/diagnose/train.py
-    located_parameter: str = ""  # train: the first parameter whose gradient diverges (backward order)
+    located_parameter: str = ""  # train: the parameter of the first diverging gradient or weight
+    located_step: int = 0  # train: the step (1..N) where the first diverging tensor is
+    located_tensor: str = ""  # train: that tensor, loss.stepK | grad.<param> | weight.<param> (after step K)
 
     def to_json(self) -> dict:
         return asdict(self)

@@ -21,8 +21,10 @@ def _lines(d) -> list[tuple[str, str]]:
     phase = getattr(d, "phase", "inference")
     rows = [("entry", d.entry_id), ("mode", d.mode if phase == "inference" else f"{d.mode}, train phase"),
             ("status", d.status), ("found", d.summary)]
+    if getattr(d, "located_tensor", ""):
+        rows.append(("diverges first", f"step {d.located_step}: {d.located_tensor}"))
     if getattr(d, "located_parameter", ""):
-        rows.append(("parameter", f"{d.located_parameter} (first diverging gradient, backward order)"))
+        rows.append(("parameter", f"{d.located_parameter} (first diverging tensor's parameter)"))
     if d.located_module or d.located_op:
         rows.append(("module", (d.located_module or "<model>") + (f" ({d.module_class})" if d.module_class else "")))
     if d.located_op:

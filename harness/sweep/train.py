@@ -147,7 +147,7 @@ def run_steps(built: Any, entry: Any, device: str | None, steps: int, dtype: Any
               rebuild: Callable | None = None, compile_backend: Any = None, context: Callable | None = None,
               counter: Callable[[], int | None] | None = None, max_extra: int = 0,
               exclude: tuple[str, ...] = (), freeze: Sequence[str] | Callable[[dict], Sequence[str]] = (),
-              nudge: int | None = None) -> dict:
+              nudge: int | None = None, trace: bool = False) -> dict:
     """Train a fresh copy of the entry's model for `steps` steps on `device` (None: CPU). Returns {"tensors":
     named CPU tensors to compare, "times": seconds per step, "counts": compile count after each step,
     "optimizer": label, "frozen": the parameters the optimizer left alone, "extra_times"/"extra_counts": up to
@@ -157,7 +157,10 @@ def run_steps(built: Any, entry: Any, device: str | None, steps: int, dtype: Any
     tensors that names them, called after step 1's backward outside `context` and the timing (the CPU baseline
     runs the float64 reference there: null_gradients needs both step-1 gradients before either steps).
     `nudge`: a seed; every floating parameter element starts one ulp up or down (a seeded coin), the spread
-    run's float32 sample (nudged). Raises StepError."""
+    run's float32 sample (nudged). `trace`: also "trace", every step's record (list index k: "loss", "grad" and
+    "weight" after its optimizer step, CPU copies by parameter name; index 0: the initial "weight"), and
+    "order", the parameters in the order step 1's backward produced their gradients (hf-tpu diagnose walks
+    the steps with them). Raises StepError."""
     import contextlib
 
     import torch
@@ -176,6 +179,17 @@ def run_steps(built: Any, entry: Any, device: str | None, steps: int, dtype: Any
     out: dict = {}
     times, counts = [], []
     ctx = context or contextlib.nullcontext
+    steps_trace: list[dict] = []
+    order: list[str] = []
+    seen: set[str] = set()
+    if trace:  # copies: a CPU parameter's detach() is its storage, which the optimizer steps in place
+        steps_trace.append({"weight": {n: p.detach().to("cpu", copy=True) for n, p in params}})
+        def produced(name: str) -> None:
+            if name not in seen:
+                seen.add(name)
+                order.append(name)
+        for n, p in params:
+            p.register_post_accumulate_grad_hook(lambda _p, _n=n: produced(_n))
 
     def one_step(k: int, record: bool) -> None:
         nonlocal opt, label, frozen
@@ -193,9 +207,12 @@ def run_steps(built: Any, entry: Any, device: str | None, steps: int, dtype: Any
                 loss.backward()
                 if record:
                     out[f"loss.step{k}"] = _to_cpu(loss).double()
-                if record and k == 1:
+                if record and (k == 1 or trace):
                     grads = {n: _to_cpu(p.grad) if p.grad is not None else torch.zeros_like(p, device="cpu")
                              for n, p in params}
+                    if trace:
+                        steps_trace.append({"loss": out[f"loss.step{k}"], "grad": grads})
+                if record and k == 1:
                     out["grad_norm.step1"] = torch.stack([g.double().norm() for g in grads.values()]).norm() \
                         if grads else torch.zeros((), dtype=torch.float64)
                     out.update({f"grad.{n}": g for n, g in grads.items()})
@@ -220,6 +237,8 @@ def run_steps(built: Any, entry: Any, device: str | None, steps: int, dtype: Any
                 times.append(time.perf_counter() - t0 - gap)
             except Exception as exc:  # noqa: BLE001
                 raise StepError(stage, exc) from exc
+            if trace and record:
+                steps_trace[k]["weight"] = {n: p.detach().to("cpu", copy=True) for n, p in params}
         counts.append(counter() if counter else None)
 
     with torch.enable_grad():
@@ -232,7 +251,8 @@ def run_steps(built: Any, entry: Any, device: str | None, steps: int, dtype: Any
             one_step(steps + extra, False)
         if counter and max_extra:
             one_step(steps + extra + 1, False)  # one timed step after warmup: does it recompile?
-    return {"tensors": out, "times": times, "counts": counts, "optimizer": label, "frozen": sorted(frozen)}
+    got = {"tensors": out, "times": times, "counts": counts, "optimizer": label, "frozen": sorted(frozen)}
+    return {**got, "trace": steps_trace, "order": order} if trace else got
 
 
 def null_gradients(ref: dict, fp64: dict | None) -> list[str]:
@@ -320,19 +340,17 @@ def run_train(mode: str, built: Any, entry: Any, ref: dict, fp64: dict | None, o
         if len(times) > 1:
             row["compile_s"] = max(0.0, times[0] - row["run_s"])
         res = without(got["tensors"], list(null))
-        # both float32 sides' final weights less what AdamW can make of their gradients' rounding: what is left
-        # of the baseline's distance from float64 bounds tpu's (its raw distance would excuse a wrong update)
-        judged = train_weights.shrink(res, fp64 or ref, allow or {})
-        base = train_weights.shrink(ref, fp64, allow or {}) if fp64 else ref
-        cmp = numerics.compare_outputs(base, judged, fp64, tol)
-        row.update(cmp.metrics())
-        dominated = ""
-        if not cmp.match and (noisy_fp64 or fp64):
+        spent = [0.0]
+
+        def timed_spread() -> dict | None:
             t0 = time.perf_counter()
-            second = spread() if callable(spread) else spread  # the nudged run: only a failing row pays for it
-            start += time.perf_counter() - t0  # a CPU run: not the row's wall time
-            dominated = (rounding_dominated(ref, res, noisy_fp64, tol, steps, second) if noisy_fp64
-                         else within_spread(ref, res, fp64, tol, allow or {}, second))
+            try:
+                return spread() if callable(spread) else spread
+            finally:
+                spent[0] += time.perf_counter() - t0
+        cmp, dominated = judge(ref, res, fp64, tol, allow, noisy_fp64, timed_spread, steps)
+        start += spent[0]  # the nudged run is a CPU run: not the row's wall time
+        row.update(cmp.metrics())
         row["status"] = "pass" if cmp.match or dominated else "fail_accuracy"
         if dominated:
             row["uninformative"] = errors.normalise(dominated)  # judged by no rule: out of the denominators
@@ -355,6 +373,26 @@ def run_train(mode: str, built: Any, entry: Any, ref: dict, fp64: dict | None, o
     row.setdefault("peak_rss_mb", perf.peak_rss_mb())
     row["wall_s"] = time.perf_counter() - start
     return row
+
+
+def judge(ref: dict, res: dict, fp64: dict | None, tol: numerics.Tolerance, allow: dict | None,
+          noisy_fp64: dict | None = None, spread: dict | Callable[[], dict | None] | None = None,
+          steps: int = 3) -> tuple[numerics.Comparison, str]:
+    """The rule on a train row's tensors (run_train's arguments; `res` without the null parameters): (the
+    comparison, why the row is an uninformative pass: '' when it is not). The sweep's row and `hf-tpu diagnose
+    --phase train` judge through this one function, so the two agree. `spread` is called only when the rule
+    fails and a float64 run (valid or noisy) can judge float32's spread."""
+    # both float32 sides' final weights less what AdamW can make of their gradients' rounding: what is left
+    # of the baseline's distance from float64 bounds tpu's (its raw distance would excuse a wrong update)
+    judged = train_weights.shrink(res, fp64 or ref, allow or {})
+    base = train_weights.shrink(ref, fp64, allow or {}) if fp64 else ref
+    cmp = numerics.compare_outputs(base, judged, fp64, tol)
+    dominated = ""
+    if not cmp.match and (noisy_fp64 or fp64):
+        second = spread() if callable(spread) else spread  # the nudged run: only a failing row pays for it
+        dominated = (rounding_dominated(ref, res, noisy_fp64, tol, steps, second) if noisy_fp64
+                     else within_spread(ref, res, fp64, tol, allow or {}, second))
+    return cmp, dominated
 
 
 def rounding_dominated(ref: dict, res: dict, noisy_fp64: dict | None, tol: numerics.Tolerance, steps: int,
