@@ -173,3 +173,31 @@ def test_rmse_and_allclose_skip_non_finite_elements_and_only_them():
     assert scaled_allclose(a, a.clone(), 1e-6, 1.0)
     assert not scaled_allclose(a, b, 1e-6, 1.0)  # a finite element differs, beside the non-finite ones
     assert scaled_allclose(a[:2], a[:2] + 1e-8, 1e-6, 1.0) and not scaled_allclose(a[:2], b[:2], 1e-6, 1.0)
+
+
+def test_a_difference_only_in_subnormals_is_flush_to_zero_not_error():
+    # XLA:CPU flushes float32 subnormals to zero as a TPU does; CPU keeps them (docs/device.md). DeepSeek-OCR2's
+    # SAM encoder has a qkv weight gradient of scale 4e-39: tpu's zeros failed allclose relative to that scale.
+    torch.manual_seed(0)
+    tiny = torch.finfo(torch.float32).tiny
+    ref = torch.rand(256) * tiny  # every element subnormal
+    res = torch.where(torch.rand(256) < 0.5, torch.zeros(256), ref)  # some flushed, some kept
+    tol = Tolerance(1e-4)
+    for fp64 in (None, ref.double() * (1 + 1e-9)):  # allclose, and the float64 rule
+        match, m, reason = compare_tensor("grad", ref, res, fp64, tol)
+        assert match, reason
+    assert compare_outputs({"g": ref}, {"g": torch.zeros(256)}, None, tol).match  # all flushed
+
+
+def test_a_real_error_at_normal_scale_still_fails_beside_the_flush_rule():
+    torch.manual_seed(0)
+    tol = Tolerance(1e-4)
+    for scale in (1.0, 1e-30):  # 1e-30 is normal in float32: a 1% error there is 1e-32 per element, >> tiny
+        ref = torch.randn(256) * scale
+        bad = ref * 1.01
+        for fp64 in (None, ref.double()):
+            match, _, reason = compare_tensor("grad", ref, bad, fp64, tol)
+            assert not match, (scale, fp64 is None)
+    # a subnormal tensor against a result of normal size is an error too
+    ref = torch.rand(256) * torch.finfo(torch.float32).tiny
+    assert not compare_tensor("grad", ref, ref + 1e-37, None, tol)[0]
