@@ -97,9 +97,10 @@ def _tensors(got: dict | None, null: list[str]) -> dict | None:
 def verdict(runs: Runs, built: Any, entry: Any, steps: int, dtype: Any, seed: int, rebuild: Any,
             precision: str, tol: numerics.Tolerance) -> tuple[numerics.Comparison, str]:
     """The sweep's verdict on the row (train.judge), with its nudged run when the rule fails."""
-    def spread() -> dict | None:
+    def spread(i: int) -> dict | None:
         return T.nudged(built, entry, SimpleNamespace(train_steps=steps, seed=seed), dtype, rebuild,
-                        lambda: emulate.matmul_precision(precision), tol.data_dependent, runs.null)
+                        lambda: emulate.matmul_precision(precision), tol.data_dependent, runs.null,
+                        T.NUDGE_SEEDS[i])
     return T.judge(_tensors(runs.ref, runs.null), _tensors(runs.tpu, runs.null), _tensors(runs.fp64, runs.null),
                    tol, runs.allow, _tensors(runs.noisy_fp64, runs.null), spread, steps)
 

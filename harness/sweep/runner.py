@@ -279,22 +279,22 @@ def run_train_phase(entry, built, modes: tuple[str, ...], opts: SweepOptions, de
     fp64 = fp64 if ref_ok else None
     second: dict = {}
 
-    def spread(mode: str) -> dict | None:
+    def spread(mode: str, i: int = 0) -> dict | None:
         """float32's second sample (train.nudged), run once for the first row the rule fails, in its own phase
         (and --timeout budget): tpu is then judged against float32's spread (train.run_train)."""
-        if "tensors" not in second:
+        if i not in second:  # the i-th sample (train_spread.NUDGE_SEEDS): a row near its bound asks for more
             emit("phase", "train-spread")
-            second["tensors"] = train.nudged(built, entry, opts, dtype, rebuild,
-                                             lambda: emulate.matmul_precision(opts.precision), tol.data_dependent,
-                                             null)
+            second[i] = train.nudged(built, entry, opts, dtype, rebuild,
+                                     lambda: emulate.matmul_precision(opts.precision), tol.data_dependent, null,
+                                     train.NUDGE_SEEDS[i])
             emit("phase", f"train-{mode}")
-        return second["tensors"]
+        return second[i]
     allow = train_weights.allowances(ref, fp64, tol, opts.train_steps, train.LR)
     for mode in modes:
         emit("phase", f"train-{mode}")
         row = {**base[mode], "reference": errors.normalise(reference),
                **train.run_train(mode, built, entry, ref, fp64, opts, device, tol, dtype, rebuild, _eager_mode,
-                                 null, allow, noisy_fp64, lambda mode=mode: spread(mode))}
+                                 null, allow, noisy_fp64, lambda i, mode=mode: spread(mode, i))}
         if getattr(opts, "diagnose", False) and opts.device == "tpu" and row.get("status") in DIAGNOSED:
             emit("phase", f"train-{mode}")  # a fresh --timeout budget for the diagnosis
             from harness.diagnose.train import diagnose_train_row
