@@ -201,3 +201,12 @@ def test_a_real_error_at_normal_scale_still_fails_beside_the_flush_rule():
     # a subnormal tensor against a result of normal size is an error too
     ref = torch.rand(256) * torch.finfo(torch.float32).tiny
     assert not compare_tensor("grad", ref, ref + 1e-37, None, tol)[0]
+
+
+def test_float16_keeps_its_subnormals_so_the_flush_rule_does_not_excuse_its_errors():
+    # tpu keeps float16 subnormals (float16 is computed in float32, where they are normal): float16's tiny
+    # (6.1e-5) must not excuse a 4% error on a tensor of scale 1e-3.
+    torch.manual_seed(0)
+    ref = (torch.rand(256) * 1e-3 + 1e-3).half()
+    bad = (ref.float() + 4e-5).half()
+    assert not compare_tensor("grad", ref, bad, None, Tolerance(1e-3))[0]
