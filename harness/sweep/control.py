@@ -13,6 +13,7 @@ torch.compile on CPU too (a mask built one way in eager and another under tracin
 PaliGemma's prefix attention), no backend could match the eager baseline, and the row is `upstream` with
 control_error "aot_eager on CPU fails the rule too: ...". An eager row's control is the baseline itself: its
 cause stays '' (a tie order or a threshold flip is told apart by the verdict columns, not by a control).
+The train rows' control (the same training steps with aot_eager on CPU) is harness/sweep/train_control.py.
 """
 
 from __future__ import annotations

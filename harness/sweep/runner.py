@@ -26,7 +26,7 @@ from harness.entry_calls import (  # noqa: F401  (re-exported: repro scripts wri
 )
 from harness.schema import SCHEMA_VERSION
 from harness.sweep import (control, draws, emulate, float64_ops, informative, numerics, perf, tensor_parallel, ties,
-                           train, train_weights)
+                           train, train_control, train_weights)
 from harness.sweep.device import Device, backend_phase
 from harness.sweep.options import SweepOptions
 from hf_tpu.precision import cpu_reference
@@ -303,9 +303,15 @@ def run_train_phase(entry, built, modes: tuple[str, ...], opts: SweepOptions, de
         emit("row", row)
         if row.get("status") in control.CONTROLLED:
             emit("phase", "control")
-            cause = (train.run_control(built, entry, opts, dtype, rebuild, tol.data_dependent)
+            cause = (train_control.run_control(built, entry, opts, dtype, rebuild, tol.data_dependent)
                      if mode == "compiled" else {"cause": "backend", "control_error": ""})
             emit("cause", {"mode": mode, "phase": "train", **cause})
+        elif row.get("status") in control.ACCURACY_CONTROLLED and mode == "compiled":
+            emit("phase", "control")
+            cause = train_control.attribute_accuracy(built, entry, opts, ref, fp64, tol, dtype, rebuild, null,
+                                                     allow, noisy_fp64, lambda i: spread("compiled", i))
+            if cause:
+                emit("cause", {"mode": mode, "phase": "train", **cause})
 
 
 DIAGNOSED = ("fail_accuracy", "fail_to_run", "compile_fail")

@@ -475,23 +475,3 @@ def first_diverging_grad(ref: dict, res: dict, fp64: dict | None, tol: numerics.
         if not ok:
             return name[len("grad."):]
     return ""
-
-
-def run_control(built: Any, entry: Any, opts: Any, dtype: Any = None, rebuild: Callable | None = None,
-                exclude: tuple[str, ...] = ()) -> dict:
-    """The train row's control: the same training steps compiled with aot_eager on CPU (compiled mode), the
-    CPU baseline itself otherwise (it ran, or the row would be baseline_fail)."""
-    from harness.sweep.control import CONTROL_BACKEND
-
-    try:
-        run_steps(built, entry, None, getattr(opts, "train_steps", 3), dtype, opts.seed, rebuild, CONTROL_BACKEND,
-                  exclude=exclude)
-    except StepError as err:
-        f = errors.error_fields(err.exc)
-        return {"cause": "upstream",
-                "control_error": errors.normalise(f"{err.stage}: {f['error_type']}: {f['error_message']}")}
-    finally:
-        import torch._dynamo
-
-        torch._dynamo.reset()
-    return {"cause": "backend", "control_error": ""}

@@ -115,3 +115,39 @@ def test_model_that_draws_nothing_compiles_outside_the_shared_draws(cpu_opts) ->
     rows = _rows("numpy", cpu_opts)
     assert rows["compiled"]["status"] == "pass", rows["compiled"].get("error_message")
     assert rows["compiled"]["drew"] == ""
+
+
+def _train_rows(kind: str, tmp_path) -> dict:
+    from harness.sweep.options import SweepOptions
+
+    (entry,) = testzoo.parse_spec(f"test:{kind}")
+    opts = SweepOptions(zoo=f"test:{kind}", device="tpu", out=str(tmp_path / "run"), run_id="t", timeout=300,
+                        memory_cap_gb=4, progress="none", repeats=1, precision="highest", phases=("train",))
+    rows: list[dict] = []
+
+    def emit(k, p):
+        if k == "row":
+            rows.append(p)
+        elif k == "cause":
+            merge_cause(rows, p)
+
+    run_entry(entry, ("eager", "compiled"), opts, get_device("tpu"), emit)
+    return {r["mode"]: r for r in rows}
+
+
+def test_compiled_train_accuracy_failure_under_aot_eager_too_is_cause_upstream(tmp_path) -> None:
+    """Aimv2Model and ColPaliForRetrieval's compiled train rows: their loss differs under tracing on CPU with
+    aot_eager as on tpu (Transformers builds the mask another way under Dynamo). The train phase had no
+    accuracy control, and the rows read as a tpu error."""
+    rows = _train_rows("tracediff", tmp_path)
+    assert rows["eager"]["status"] == "pass" and "cause" not in rows["eager"]
+    assert rows["compiled"]["status"] == "fail_accuracy"
+    assert rows["compiled"]["cause"] == "upstream"
+    assert rows["compiled"]["control_error"].startswith("aot_eager on CPU fails the rule too: loss.step1")
+
+
+def test_compiled_train_accuracy_failure_of_the_backend_only_is_cause_backend(tmp_path) -> None:
+    rows = _train_rows("perturb", tmp_path)  # +1e-2 on the device only: aot_eager on CPU trains as the baseline
+    assert rows["compiled"]["status"] == "fail_accuracy"
+    assert rows["compiled"]["cause"] == "backend" and rows["compiled"]["control_error"] == ""
+    assert rows["eager"]["status"] == "fail_accuracy" and "cause" not in rows["eager"]  # no control in eager
