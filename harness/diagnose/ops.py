@@ -265,12 +265,20 @@ def _is_random(op: Any) -> bool:
     return torch.Tag.nondeterministic_seeded in tags
 
 
+def not_comparable(op: Any) -> str:
+    """Why `op`'s output values tell nothing of its lowering ('' when they do): a random draw, or
+    uninitialised memory (any two runs differ)."""
+    if _is_random(op):
+        return "random op"
+    return "uninitialised output" if op._schema.name.split("::")[-1] in _UNINITIALISED else ""
+
+
 def replay(call: OpCall, device: str, tol: Tolerance) -> OpResult:
     """Run one recorded op on `device` with the recorded inputs; compare with the recorded CPU output."""
     name = call.name
     if name in _SKIP_REPLAY or _is_random(call.op):
         return OpResult(call, skipped="random or bookkeeping op")
-    if call.op._schema.name.split("::")[-1] in _UNINITIALISED:
+    if not_comparable(call.op):
         return OpResult(call, skipped="uninitialised output")
     if not flat_tensors(call.out):
         return OpResult(call, skipped="no tensor output")

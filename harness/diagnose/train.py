@@ -188,7 +188,7 @@ def diagnose_train_built(built: Any, entry: Any, mode: str = "eager", *, out_dir
         d.notes.append(f"{len(first.later)} more tensor(s) beyond the rule: " + ", ".join(first.later[:6])
                        + (" ..." if len(first.later) > 6 else ""))
     what = f"step {k} {first.stage}: {first.tensor} diverges first ({first.reason})"
-    d.notes.append(f"stage: {first.stage}")
+    d.notes.append(f"first diverging stage: step {k} {first.stage}")  # "stage: ..." is the located op's
     if first.stage == "optimizer":
         _optimizer_divergence(d, runs, k, tol, tdtype, what)
     else:
