@@ -13,7 +13,13 @@ Models that cast to float32 by name (Autoformer's attention: `torch.zeros_like(v
 norms that upcast with `.to(torch.float32)`) mean "at least float32": in a float64 reference run such a cast
 would mix float32 into float64 ("mat1 and mat2 must have the same dtype") and the entry had no reference at
 all. Within `kernels()`, a float64 tensor cast to float32 with `.float()`, `.to(torch.float32)` or
-`.type(torch.float32)` stays float64.
+`.type(torch.float32)` stays float64. So does a tensor made with `dtype=torch.float32` (`torch.float`) by a
+deterministic factory (zeros, ones, full, arange, tensor, ...): FastSpeech2Conformer's length regulator fills
+`torch.zeros(..., dtype=torch.float)` with the encoder's float64 states and hands it to the float64 decoder
+("Input type (float) and bias type (double) should be the same"), so no row of it had a reference. Random
+factories are left alone (harness/sweep/draws.py draws in float32 whatever the dtype asked for, so that the
+reference draws the baseline's numbers), and so is `empty` (draws.py's in-place draws fill a float32 `empty`
+buffer, under this mode in the train reference run).
 """
 
 from __future__ import annotations
@@ -57,7 +63,9 @@ class _Float64Kernels(TorchFunctionMode):
         kwargs = kwargs or {}
         if func in _TAKEN and args and isinstance(args[0], torch.Tensor) and args[0].dtype == torch.float64:
             return grouped_mm(*args, **kwargs)
-        if func in _CASTS and args and isinstance(args[0], torch.Tensor) and args[0].dtype == torch.float64:
+        if func in _FACTORIES and kwargs.get("dtype") is torch.float32:
+            kwargs = {**kwargs, "dtype": torch.float64}
+        elif func in _CASTS and args and isinstance(args[0], torch.Tensor) and args[0].dtype == torch.float64:
             func, args, kwargs = _keep_float64(func, args, kwargs)
         return func(*args, **kwargs)
 
@@ -73,6 +81,10 @@ def _keep_float64(func: Any, args: tuple, kwargs: dict) -> tuple[Any, tuple, dic
 
 
 _CASTS = {torch.Tensor.float, torch.Tensor.to, torch.Tensor.type}
+# factories whose float32 result is the rounding of values float64 holds more exactly (not random, not empty)
+_FACTORIES = {torch.zeros, torch.ones, torch.full, torch.zeros_like, torch.ones_like, torch.full_like, torch.arange,
+              torch.linspace, torch.logspace, torch.eye, torch.tensor, torch.as_tensor, torch.Tensor.new_zeros,
+              torch.Tensor.new_ones, torch.Tensor.new_full, torch.Tensor.new_tensor}
 _TAKEN = {torch._grouped_mm, *([torch.nn.functional.grouped_mm] if hasattr(torch.nn.functional, "grouped_mm")
                                else [])}
 

@@ -121,7 +121,7 @@ def run_entry(entry, modes: tuple[str, ...], opts: SweepOptions, device: Device,
     except Exception as exc:  # noqa: BLE001
         return finish_all("baseline_fail", **errors.error_fields(exc))
 
-    fp64 = None
+    fp64, ref_error = None, ""
     if not skip_reference:
         emit("phase", "reference")
         try:
@@ -132,13 +132,13 @@ def run_entry(entry, modes: tuple[str, ...], opts: SweepOptions, device: Device,
                 with cpu_reference(), draws.shared_draws(opts.seed), float64_ops.kernels():
                     fp64 = to_cpu(output_tensors(call(rmodel, prepare_inputs(built.inputs, None, f64))))
             del rmodel
-        except Exception:  # noqa: BLE001  (no fp64 reference: allclose alone decides)
-            fp64 = None
+        except Exception as exc:  # noqa: BLE001  (no fp64 reference: allclose alone decides)
+            fp64, ref_error = None, raised_note(exc)
     # a reference that does not agree with the baseline to within its noise (another random draw, another
     # code path in float64) compares nothing: the row is judged without it, and says so
     tol = replace(tol, tie_sizes=frozenset(tied.sizes))
     ref_ok, ref_why = numerics.reference_valid(ref, fp64, tol) if fp64 is not None else (False, "")
-    reference = "valid" if ref_ok else ("none" if fp64 is None else f"invalid: {ref_why}")
+    reference = "valid" if ref_ok else (f"none{ref_error}" if fp64 is None else f"invalid: {ref_why}")
     # a reference refused only because the baseline's own rounding is far from it still says how far tpu may be
     noisy_fp64 = fp64 if not ref_ok and "rmse(fp64, cpu)" in ref_why else None
     fp64 = fp64 if ref_ok else None
@@ -218,6 +218,13 @@ def _draws(seed: int, drew: bool):
     return draws.shared_draws(seed) if drew else contextlib.nullcontext()
 
 
+def raised_note(exc: BaseException, stage: str = "") -> str:
+    """What a float64 reference run raised, for the rows' `reference` column ("none: the float64 run raised
+    ..."): such rows are judged by allclose alone, and the note says what to make float64-clean."""
+    f = errors.error_fields(exc)
+    return f": the float64 run raised{' at ' + stage if stage else ''}: {f['error_type']}: {f['error_message']}"
+
+
 def run_train_phase(entry, built, modes: tuple[str, ...], opts: SweepOptions, device: Device,
                     tol: numerics.Tolerance, dtype, rebuild: Callable, emit: Emit, skip_reference: bool,
                     overrides: numerics.Overrides | None = None) -> None:
@@ -232,12 +239,12 @@ def run_train_phase(entry, built, modes: tuple[str, ...], opts: SweepOptions, de
             emit("row", {**base[m], "status": "skipped", "error_message": errors.normalise(why)})
         return
     emit("phase", "train-baseline")
-    fp64, null = None, []
+    fp64, null, ref_error = None, [], ""
 
     def reference(step1: dict) -> list[str]:
         """Run between the baseline's step-1 backward and its optimizer step: the float64 reference, whose own
         step 1 names the null gradients (train.null_gradients) that neither run then steps."""
-        nonlocal fp64, null
+        nonlocal fp64, null, ref_error
         if skip_reference:
             return []
         emit("phase", "train-reference")
@@ -250,8 +257,9 @@ def run_train_phase(entry, built, modes: tuple[str, ...], opts: SweepOptions, de
             with cpu_reference(), float64_ops.kernels():
                 fp64 = train.run_steps(built, entry, None, opts.train_steps, torch.float64, opts.seed, rebuild,
                                        exclude=tol.data_dependent, freeze=nulls)["tensors"]
-        except train.StepError:
-            fp64, null = None, []  # no reference: nothing is known null, and the baseline steps every parameter
+        except train.StepError as err:
+            # no reference: nothing is known null, and the baseline steps every parameter
+            fp64, null, ref_error = None, [], raised_note(err.exc, err.stage)
         emit("phase", "train-baseline")
         return null
 
@@ -272,7 +280,7 @@ def run_train_phase(entry, built, modes: tuple[str, ...], opts: SweepOptions, de
     base_w = (train_weights.shrink(ref, fp64, train_weights.allowances(ref, fp64, tol, opts.train_steps, train.LR))
               if fp64 is not None else ref)
     ref_ok, ref_why = numerics.reference_valid(base_w, fp64, ref_tol) if fp64 is not None else (False, "")
-    reference = "valid" if ref_ok else ("none" if fp64 is None else f"invalid: {ref_why}")
+    reference = "valid" if ref_ok else (f"none{ref_error}" if fp64 is None else f"invalid: {ref_why}")
     # refused only for the baseline's own distance from it (a gradient with heavy cancellation): it still
     # tells whether tpu is as near the truth as CPU (numerics.rounding_dominated), as for the forward
     noisy_fp64 = fp64 if not ref_ok and "rmse(fp64, cpu)" in ref_why else None

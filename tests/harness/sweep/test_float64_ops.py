@@ -56,3 +56,53 @@ def test_a_float64_tensor_cast_to_float32_stays_float64_within_kernels():
         (x.float() @ w).sum().backward()  # differentiable through the kept cast
     assert w.grad is not None and w.grad.dtype == torch.float64
     assert x.float().dtype == torch.float32  # outside kernels(): PyTorch's own cast
+
+
+def test_a_float32_factory_makes_float64_within_kernels():
+    """FastSpeech2Conformer's length regulator writes the encoder's states into `torch.zeros(..., dtype=
+    torch.float)` and hands that to the decoder: in the float64 reference run it was float32 (the states rounded
+    to it) and the float64 decoder raised "Input type (float) and bias type (double) should be the same", so
+    the entry had no reference in either phase. Within kernels() such a factory makes float64; outside, PyTorch's own dtype."""
+    from transformers.models.fastspeech2_conformer.modeling_fastspeech2_conformer import length_regulator
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 3, 4, dtype=torch.float64, generator=g, requires_grad=True)
+    durations = torch.tensor([[1, 2, 0], [2, 1, 1]])
+    w = torch.randn(4, 5, dtype=torch.float64, generator=g, requires_grad=True)
+    with float64_ops.kernels():
+        out = length_regulator(x, durations)
+        assert out.dtype == torch.float64
+        (out @ w).pow(2).sum().backward()  # the decoder's matmul: raised before
+    # the states themselves, not their float32 rounding
+    assert torch.equal(out[0, :3].detach(), x[0].detach().repeat_interleave(durations[0], 0))
+    assert x.grad is not None and w.grad is not None and x.grad.dtype == torch.float64
+    x64 = torch.ones(3, dtype=torch.float64)
+    makes = (lambda: torch.zeros(3, dtype=torch.float32), lambda: torch.ones(3, dtype=torch.float),
+             lambda: torch.full((3,), 0.1, dtype=torch.float32), lambda: torch.arange(3, dtype=torch.float32),
+             lambda: torch.linspace(0, 1, 3, dtype=torch.float32), lambda: torch.eye(3, dtype=torch.float32),
+             lambda: torch.tensor([0.1], dtype=torch.float32), lambda: torch.zeros_like(x64, dtype=torch.float32),
+             lambda: x64.new_zeros(3, dtype=torch.float32), lambda: x64.new_full((3,), 0.1, dtype=torch.float32))
+    with float64_ops.kernels():
+        assert [m().dtype for m in makes] == [torch.float64] * len(makes)
+        assert torch.full((1,), 0.1, dtype=torch.float32).item() == 0.1  # float64's 0.1, not float32's
+        assert torch.zeros(3).dtype == torch.float32  # the default dtype is not asked for by name: untouched
+        assert torch.zeros(3, dtype=torch.float16).dtype == torch.float16
+    assert [m().dtype for m in makes] == [torch.float32] * len(makes)
+
+
+def test_shared_draws_are_the_baselines_within_kernels():
+    """The train reference run enters draws.shared_draws (per step) above kernels(), so kernels() sees the
+    calls draws.py makes to draw: a float64 reference must still draw the float32 baseline's numbers (random
+    factories and the `empty` buffer of in-place draws are not made float64)."""
+    from harness.sweep import draws
+
+    def sample(dtype):
+        with draws.shared_draws(0):
+            return (torch.empty(6, dtype=dtype).normal_(), torch.randn(6, dtype=dtype),
+                    torch.randn(6, dtype=torch.float32), torch.rand_like(torch.zeros(6, dtype=dtype)))
+    base = sample(torch.float32)
+    with float64_ops.kernels():
+        ref = sample(torch.float64)
+    assert [t.dtype for t in ref] == [torch.float64, torch.float64, torch.float32, torch.float64]
+    for b, r in zip(base, ref, strict=True):
+        assert torch.equal(b.double(), r.double())

@@ -60,6 +60,23 @@ def test_a_null_parameter_is_frozen_so_its_noise_moves_do_not_reach_the_later_lo
     assert "zero gradient in exact arithmetic (key.bias)" in row["error_message"]
 
 
+def test_a_float64_train_run_that_raises_says_where_in_the_reference_column(tmp_path, monkeypatch):
+    """FastSpeech2Conformer's train rows had reference "none", so no gradient was known null and its key
+    bias's float32 noise failed allclose; the column now says what the float64 run raised, and at which step."""
+    import torch
+
+    steps = train.run_steps
+
+    def run_steps(built, entry, device, n, dtype=None, *a, **k):
+        if dtype is torch.float64:
+            raise train.StepError("step 1 forward", RuntimeError("mat1 and mat2 must have the same dtype"))
+        return steps(built, entry, device, n, dtype, *a, **k)
+    monkeypatch.setattr(train, "run_steps", run_steps)
+    row = _train_rows("pass", tmp_path)["eager"]
+    assert row["reference"] == ("none: the float64 run raised at step 1 forward: RuntimeError: mat1 and mat2 "
+                                "must have the same dtype"), row
+
+
 def test_run_steps_freezes_what_it_is_told_and_records_its_gradient():
     import torch
 
