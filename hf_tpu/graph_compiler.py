@@ -161,7 +161,12 @@ def to_jax_function(gm: torch.fx.GraphModule,
     strided_from: dict[torch.fx.Node, torch.fx.Node] = {}  # as_strided node -> the view chain's base node
     for n in nodes:
         if n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload):
-            fns[n] = _lower_node_target(n.target, n)  # fail at compile time, naming the op
+            try:
+                fns[n] = _lower_node_target(n.target, n)  # fail at compile time, naming the op
+            except lowering.NoLowering:
+                if _declared_dtype(n) is None:
+                    raise
+                fns[n] = _refuse_dtype(_declared_dtype(n))
             promote = _integral_promotion(n)
             if promote is not None:
                 fns[n] = _promoted(fns[n], promote)
@@ -215,6 +220,24 @@ def to_jax_function(gm: torch.fx.GraphModule,
 
     run.error_checks = [(n.args[3], bool(n.kwargs.get("is_matrix", True))) for n in returned]  # type: ignore[attr-defined]
     return run
+
+
+def _declared_dtype(n: torch.fx.Node) -> torch.dtype | None:
+    """A dtype declared unsupported (dtypes.DECLARED: uint64, complex32) among the node's results, or None."""
+    vals = pytree.tree_leaves(n.meta.get("val"))
+    return next((v.dtype for v in vals if isinstance(v, torch.Tensor) and v.dtype in dtypes.DECLARED), None)
+
+
+def _refuse_dtype(dtype: torch.dtype) -> Callable[..., Any]:
+    """A node without a lowering that makes a declared-unsupported dtype (hash_tensor's uint64) raises eager's
+    DeclaredUnsupportedDtype when the program is traced, on the graph's first call, as view_as_complex's float16
+    refusal does: raised while the backend compiles, Dynamo would wrap it in BackendCompilerFailed (before:
+    NoLowering there)."""
+    def refuse(*_: Any, **__: Any) -> Any:
+        dtypes.check(dtype)
+        raise AssertionError(f"{dtype} is in dtypes.DECLARED")  # check raised: unreachable
+
+    return refuse
 
 
 def _is_error_check(n: torch.fx.Node) -> bool:
@@ -415,6 +438,7 @@ def _register_fake_rules() -> None:
     op = torch.ops.aten._grouped_mm.default
     if op not in fake_impls.op_implementations_dict:
         fake_impls.register_op_impl(op)(_grouped_mm_fake)
+    graph_parity.register_sparse_rules()
     if _META_LIB is None and not torch._C._dispatch_has_kernel_for_dispatch_key("aten::_thnn_fused_gru_cell", "Meta"):
         _META_LIB = torch.library.Library("aten", "IMPL")  # kept alive: dropping it unregisters the kernels
         _META_LIB.impl("_thnn_fused_gru_cell", _gru_cell_meta, "Meta")

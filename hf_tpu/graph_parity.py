@@ -4,6 +4,7 @@ the arithmetic or the dtypes for a device that is not CPU (graph_compiler.py cal
   refuse_dynamos_addcdiv      -> Dynamo's addcdiv, taken apart into div/mul/add, put back whole
   register_batch_norm_rules   -> batch norm's fake-tensor rule gives CPU's saved-statistics dtypes and shapes
   register_layer_norm_rule    -> layer norm's fake-tensor rule gives CPU's saved-statistics dtypes
+  register_sparse_rules       -> the sparse conversions (declared unsupported) graph-break, raising eager's error
 """
 
 from __future__ import annotations
@@ -133,3 +134,30 @@ def register_layer_norm_rule() -> None:
     impl = fake_impls.op_implementations_dict.get(op)
     if impl is not None and not getattr(impl, "_hf_tpu_rule", False):
         fake_impls.op_implementations_dict[op] = _cpu_layer_norm_statistics(impl)
+
+
+_SPARSE_CONVERSIONS = (torch.ops.aten._to_sparse.default, torch.ops.aten._to_sparse.sparse_dim,
+                       torch.ops.aten._to_sparse_csr.default, torch.ops.aten._to_sparse_csc.default,
+                       torch.ops.aten._to_sparse_bsr.default, torch.ops.aten._to_sparse_bsc.default)
+
+
+def _sparse_fake(fake_mode: Any, func: Any, *args: Any, **kwargs: Any) -> Any:
+    """Fake-tensor rule of the sparse conversions for tpu tensors: PyTorch has no meta kernel for them, so fake
+    tensors fell back to running the op on real tpu tensors made behind the backend's back, and Dynamo failed
+    with "RuntimeError when making fake tensor call". Declared unsupported on tpu (docs/device.md), they are a
+    graph break instead (UnsupportedOperatorException): the op then runs eagerly and raises eager's
+    errors.Unsupported naming it and the alternative."""
+    x = args[0] if args else kwargs.get("self")
+    if not (isinstance(x, torch.Tensor) and x.device.type == "tpu"):
+        return NotImplemented
+    from torch._subclasses.fake_tensor import UnsupportedOperatorException
+
+    raise UnsupportedOperatorException(func)
+
+
+def register_sparse_rules() -> None:
+    from torch._subclasses import fake_impls
+
+    for op in _SPARSE_CONVERSIONS:
+        if op not in fake_impls.op_implementations_dict:
+            fake_impls.register_op_impl(op)(_sparse_fake)

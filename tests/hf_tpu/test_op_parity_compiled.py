@@ -291,3 +291,23 @@ def test_linalg_error_check_graphs_across_processes(tmp_path) -> None:
     for _ in range(2):
         r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
         assert r.returncode == 0, r.stderr[-3000:]
+
+
+def test_declared_unsupported_ops_raise_the_declared_error_compiled() -> None:
+    """to_sparse (no meta kernel: fake tensors ran it on data-less tpu tensors) and hash_tensor (a uint64 result:
+    NoLowering, wrapped in BackendCompilerFailed) crashed compiled where eager raises the declared error (11
+    pairs of the compiled whole-database run). Now the same error, and the parity run counts them apart."""
+    from hf_tpu import dtypes, errors
+
+    x = torch.randn(3, 3)
+    with pytest.raises(errors.Unsupported, match="_to_sparse"):
+        _compiled(lambda t: t.to_sparse())(x.to("tpu"))
+    with pytest.raises(errors.Unsupported, match="_to_sparse_csr"):
+        _compiled(lambda t: t.to_sparse_csr() if t.sum() > -1e9 else t)(x.to("tpu"))
+    with pytest.raises(dtypes.DeclaredUnsupportedDtype, match="uint64"):
+        _compiled(torch.hash_tensor)(x.to("tpu"))
+    ops = {op_parity.pair_name(o): o for o in op_parity.ops() if o.name in ("to_sparse", "hash_tensor")}
+    for name, dtype in (("to_sparse", torch.float32), ("to_sparse", torch.bool), ("hash_tensor", torch.float32),
+                        ("hash_tensor", torch.int64)):
+        res = op_parity.check(ops[name], dtype, samples=2, compiled=True)
+        assert res.forward.startswith("unsupported: "), (name, dtype, res)
