@@ -1,6 +1,7 @@
 """`hf-tpu diagnose ENTRY [--mode eager|compiled] [--phase inference|train] [--out DIR]`: where one entry first
-goes wrong on `tpu`. `--phase train` diagnoses its train row (harness/diagnose/train.py): the first diverging
-gradient's parameter and the backward op.
+goes wrong on `tpu`. `--phase train` diagnoses its train row (harness/diagnose/train.py): every step replayed,
+the first diverging step and tensor (loss, gradient or weight after the optimizer step), then the op, or the
+optimizer.
 
 Without --mode: the failing mode of the entry in the newest results.csv under --reports that has it, else
 eager, then compiled if eager passes (harness/diagnose/pick.py).
@@ -21,7 +22,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--mode", default=None, choices=("eager", "compiled"),
                    help="default: the failing mode in the newest results.csv with the entry, else try both")
     p.add_argument("--phase", default="inference", choices=("inference", "train"),
-                   help="which row to diagnose: the forward (default) or the train phase's step")
+                   help="which row to diagnose: the forward (default) or the train phase's steps")
     p.add_argument("--reports", default="reports", help="where to look for results.csv files when --mode is "
                                                          "not given (default reports/)")
     p.add_argument("--out", default=None, help="report directory (default reports/diagnose/<entry>--<mode>)")
