@@ -16,7 +16,7 @@ from torch.utils import _pytree as pytree
 
 from hf_tpu import (backward_lowerings, counters, dtypes, float8, fused, lowering, op_registry, precision, rng,
                     xla_options)
-from hf_tpu import decomposed, errors, graph_ident, graph_parity, host_copy
+from hf_tpu import decomposed, errors, graph_ident, graph_parity, host_copy, meta_kernels
 from hf_tpu import tensor as T
 from hf_tpu.op_registry import lowers
 from hf_tpu.torchax_compat import load_op_table
@@ -404,33 +404,7 @@ def _grouped_mm_fake(fake_mode: Any, func: Any, *args: Any, **kwargs: Any) -> An
         return a.new_empty(shape, dtype=out_dtype)
 
 
-def _gru_cell_meta(input_gates: torch.Tensor, hidden_gates: torch.Tensor, hx: torch.Tensor,
-                   input_bias: torch.Tensor | None = None, hidden_bias: torch.Tensor | None = None) -> tuple:
-    """Meta kernel of aten._thnn_fused_gru_cell (PyTorch has one for the LSTM cell only): nn.GRUCell runs it
-    on every PrivateUse1 device, so compiled graphs with a GRU cell (SLANet's table decoder) could not be
-    traced. (hy [B, H], workspace [B, 5H]) as in PyTorch's CUDA kernel (r, z, n, h_n, hx) and hf_tpu's lowering."""
-    h = hx.shape[1]
-    if input_gates.shape != hidden_gates.shape or input_gates.shape[1] != 3 * h:
-        raise RuntimeError(f"_thnn_fused_gru_cell: gates of shape {tuple(input_gates.shape)} and "
-                           f"{tuple(hidden_gates.shape)} do not match hidden size {h} (expected [B, {3 * h}])")
-    return hx.new_empty(hx.shape), hx.new_empty((hx.shape[0], 5 * h))
-
-
-def _gru_cell_backward_meta(grad_hy: torch.Tensor, workspace: torch.Tensor, has_bias: bool) -> tuple:
-    """Meta kernel of aten._thnn_fused_gru_cell_backward: (grad_input_gates, grad_hidden_gates, grad_hx,
-    grad_input_bias, grad_hidden_bias), the biases' only when has_bias."""
-    b, h = grad_hy.shape
-    gates = (grad_hy.new_empty((b, 3 * h)), grad_hy.new_empty((b, 3 * h)), grad_hy.new_empty((b, h)))
-    if not has_bias:
-        return (*gates, None, None)
-    return (*gates, grad_hy.new_empty((3 * h,)), grad_hy.new_empty((3 * h,)))
-
-
-_META_LIB: Any = None
-
-
 def _register_fake_rules() -> None:
-    global _META_LIB
     from torch._subclasses import fake_impls
 
     graph_parity.register_batch_norm_rules()
@@ -439,10 +413,7 @@ def _register_fake_rules() -> None:
     if op not in fake_impls.op_implementations_dict:
         fake_impls.register_op_impl(op)(_grouped_mm_fake)
     graph_parity.register_sparse_rules()
-    if _META_LIB is None and not torch._C._dispatch_has_kernel_for_dispatch_key("aten::_thnn_fused_gru_cell", "Meta"):
-        _META_LIB = torch.library.Library("aten", "IMPL")  # kept alive: dropping it unregisters the kernels
-        _META_LIB.impl("_thnn_fused_gru_cell", _gru_cell_meta, "Meta")
-        _META_LIB.impl("_thnn_fused_gru_cell_backward", _gru_cell_backward_meta, "Meta")
+    meta_kernels.register()
 
 
 _register_fake_rules()

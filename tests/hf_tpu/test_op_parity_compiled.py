@@ -311,3 +311,16 @@ def test_declared_unsupported_ops_raise_the_declared_error_compiled() -> None:
                         ("hash_tensor", torch.int64)):
         res = op_parity.check(ops[name], dtype, samples=2, compiled=True)
         assert res.forward.startswith("unsupported: "), (name, dtype, res)
+
+
+def test_ops_without_a_meta_kernel_in_pytorch_compile() -> None:
+    """geqrf, histogram and histogramdd have no meta kernel in PyTorch: fake tensors ran them on data-less tpu
+    tensors and Dynamo failed ("RuntimeError when making fake tensor call"); hf_tpu/meta_kernels.py gives the
+    CPU kernels' shapes, and the compiled results are CPU's."""
+    torch.manual_seed(0)
+    _check(torch.geqrf, torch.randn(2, 5, 3))
+    _check(lambda x: torch.histogram(x, bins=4, range=(-2.0, 2.0)), torch.randn(20))
+    _check(lambda x, b: torch.histogram(x, bins=b), torch.randn(20), torch.tensor([-1.0, 0.0, 0.5, 2.0]))
+    _check(lambda x: torch.histogramdd(x, bins=[3, 2]), torch.randn(10, 2))
+    _check(lambda x: torch.histogramdd(x, bins=[torch.tensor([-1.0, 0.0, 1.0], device=x.device),
+                                                torch.tensor([-2.0, 2.0], device=x.device)]), torch.randn(10, 2))
