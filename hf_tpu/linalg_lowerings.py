@@ -1,5 +1,6 @@
 """Linear-algebra ops torchax does not lower (or lowers with missing outputs): `_linalg_det` (torch.linalg.det,
-and its backward's LU), `_linalg_slogdet`, `geqrf`, `ormqr` and `linalg_ldl_solve`.
+and its backward's LU), `_linalg_slogdet`, `geqrf`, `ormqr` and `linalg_ldl_solve`; `linalg_inv_ex` and
+`linalg_lu_factor_ex` with getrf's real `info` (torchax's was always 0).
 
 `_linalg_svd` and `_linalg_eigh` are torchax's with the schema's compute_uv/compute_v flags (and eigh reading only
 its triangle, as LAPACK's syevd); `linalg_pinv` is CPU's algorithm over them.
@@ -159,6 +160,41 @@ def _ldl_solve(ld: Any, pivots: Any, b: Any, hermitian: bool = False) -> Any:
 
     out = jax.vmap(solve)(ld, piv, rhs)
     return out.reshape(*batch, n, b.shape[-1])
+
+
+def getrf_info(lu: Any) -> Any:
+    """LAPACK getrf's `info` per matrix, from its packed LU: the 1-based index of U's first diagonal element that
+    is exactly zero (singular: CPU's linalg.inv, solve and lu_factor then raise), 0 when there is none.
+    torchax's `_ex` lowerings reported 0 always, so a singular matrix gave inf/nan with no error."""
+    jnp = _jax().numpy
+    zero = jnp.diagonal(lu, axis1=-2, axis2=-1) == 0
+    return jnp.where(zero.any(-1), jnp.argmax(zero, -1) + 1, 0).astype(jnp.int32)
+
+
+@lowers(aten.linalg_inv_ex.default)
+def _linalg_inv_ex(a: Any, *, check_errors: bool = False) -> tuple[Any, Any]:
+    """(inverse, info) as CPU's getrf + getri; jnp.linalg.inv factors A again inside (it does not take an LU),
+    a second factorization rather than a hand-written inverse from this one."""
+    jax = _jax()
+    lu, _, _ = jax.lax.linalg.lu(a)
+    return jax.numpy.linalg.inv(a), getrf_info(lu)
+
+
+@lowers(aten.linalg_lu_factor_ex.default)
+def _linalg_lu_factor_ex(a: Any, *, pivot: bool = True, check_errors: bool = False) -> tuple[Any, Any, Any]:
+    """(LU, 1-based int32 pivots, info) as CPU's getrf. (pivot=False is CUDA's only; CPU refuses it.)"""
+    jax = _jax()
+    lu, piv, _ = jax.lax.linalg.lu(a)
+    return lu, (piv + 1).astype(jax.numpy.int32), getrf_info(lu)
+
+
+@lowers(aten._linalg_check_errors.default, kind="eager")
+def _linalg_check_errors(info: torch.Tensor, api_name: str, *, is_matrix: bool) -> None:
+    """CPU's check of an `_ex` op's info, raising CPU's LinAlgError messages (linalg.inv, solve, cholesky,
+    lu_factor, ... call it after their `_ex` form). The info is read on the host, as CPU's kernel reads it
+    (`.item()`); torchax's lowering was a no-op, so no tpu linalg op ever raised. (Compiled graphs check their
+    infos after the program: graph_compiler._check_errors.)"""
+    torch.ops.aten._linalg_check_errors(info.cpu(), api_name, is_matrix=is_matrix)
 
 
 @lowers(aten._linalg_svd.default)

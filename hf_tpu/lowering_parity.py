@@ -34,7 +34,7 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
-from hf_tpu import op_registry, xla_options
+from hf_tpu import linalg_lowerings, op_registry, xla_options
 from hf_tpu.op_registry import lowers
 
 aten = torch.ops.aten
@@ -361,7 +361,7 @@ def _linalg_eigvals(a: Any) -> Any:
 @lowers(aten._linalg_solve_ex.default)
 def _linalg_solve_ex(a: Any, b: Any, *, left: bool = True, check_errors: bool = False) -> tuple[Any, Any, Any, Any]:
     """(X, LU, pivots, info) as CPU's: the LU factors (of A, or of A^T when solving from the right) are outputs
-    that linalg.solve's backward reuses; torchax returned None for them."""
+    that linalg.solve's backward reuses; torchax returned None for them, and info 0 for a singular A."""
     jax = _jax()
     jnp = jax.numpy
     m = a.mT if not left else a
@@ -372,8 +372,7 @@ def _linalg_solve_ex(a: Any, b: Any, *, left: bool = True, check_errors: bool = 
         x = jnp.linalg.solve(a, rhs)
     else:
         x = jnp.swapaxes(jnp.linalg.solve(m, jnp.swapaxes(rhs, -1, -2)), -1, -2)
-    info = jnp.zeros(a.shape[:-2], jnp.int32)
-    return (x[..., 0] if vector else x), lu, (piv + 1).astype(jnp.int32), info
+    return (x[..., 0] if vector else x), lu, (piv + 1).astype(jnp.int32), linalg_lowerings.getrf_info(lu)
 
 
 @lowers(aten.lu_unpack.default)

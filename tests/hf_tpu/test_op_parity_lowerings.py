@@ -297,3 +297,36 @@ def test_put_accumulates_repeated_indices(dtype) -> None:
         i = index if acc else index[0]
         s = src if acc else src[0]
         _close(x.put(i, s, accumulate=acc), x.to("tpu").put(i.to("tpu"), s.to("tpu"), accumulate=acc))
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_singular_matrices_raise_as_on_cpu(compiled: bool) -> None:
+    """The `_ex` forms' info is getrf's (torchax's inv_ex, lu_factor_ex and our solve_ex reported 0 always) and
+    eager's _linalg_check_errors raises on it (torchax's was a no-op: not even cholesky raised): a singular
+    matrix gave inf with no error, eager and compiled."""
+    batch = torch.stack([torch.eye(3), torch.tensor([[1.0, 2.0, 3.0], [2.0, 4.0, 6.0], [1.0, 0.0, 1.0]])])
+    b = torch.ones(2, 3, 1)
+    calls = {
+        "inv": lambda a: torch.linalg.inv(a),
+        "solve": lambda a, b: torch.linalg.solve(a, b),
+        "lu_factor": lambda a: torch.linalg.lu_factor(a),
+        "cholesky": lambda a: torch.linalg.cholesky(a - 2 * torch.eye(3, device=a.device)),
+        "inv_ex": lambda a: torch.linalg.inv_ex(a).info,
+        "lu_factor_ex": lambda a: torch.linalg.lu_factor_ex(a).info,
+        "solve_ex": lambda a, b: torch.linalg.solve_ex(a, b).info,
+    }
+    for name, fn in calls.items():
+        args = (batch, b) if "solve" in name else (batch,)
+        try:
+            expected, error = fn(*args), None
+        except Exception as exc:  # noqa: BLE001 - CPU's error is the expectation
+            expected, error = None, exc
+        run = torch.compile(fn, backend="tpu", dynamic=False) if compiled else fn
+        if compiled:
+            torch._dynamo.reset()
+        tpu_args = [a.to("tpu") for a in args]
+        if error is not None:
+            with pytest.raises(type(error), match=str(error).split(":")[0]):
+                run(*tpu_args)
+        else:
+            assert torch.equal(run(*tpu_args).cpu(), expected), name  # the infos: [0, 2]
