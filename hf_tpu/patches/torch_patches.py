@@ -123,3 +123,37 @@ def _tensor_printing(orig: Any, ts: Any) -> Any:
         return orig(self, indent)
 
     return _tensor_str
+
+
+@patch("torch._dynamo.variables.torch", "TorchInGraphFunctionVariable._get_handlers", "tpu_addcdiv_whole",
+       optional=True)
+def _addcdiv_whole(orig: Any, mod: Any) -> Any:
+    """Upstream (PyTorch): Dynamo traces `torch.addcdiv(x, t1, t2, value=v)` as x + (t1 / t2) * v (its
+    handle_addcdiv, so that a symbolic `v` needs no graph break), which in float16/bfloat16 rounds three times
+    where CPU's kernel, and tpu's lowering, compute in float32 and round once. graph_parity.refuse_dynamos_addcdiv
+    puts the three nodes back only when their source line names addcdiv, so a call through a wrapper (OpInfo's
+    `op(...)`, any helper) stayed three roundings (addcdiv float16 compiled: values differ). Fix: for tpu tensors
+    with a constant `value`, Dynamo keeps addcdiv whole (no decomposition is needed: a constant is no graph
+    break); other devices, and a symbolic value, take upstream's handler."""
+    import torch
+
+    @functools.cache
+    def _get_handlers() -> dict:
+        handlers = dict(orig())
+        upstream = handlers.get(torch.addcdiv)
+        if upstream is None:
+            return handlers
+
+        def handle_addcdiv(self: Any, tx: Any, *args: Any, **kwargs: Any) -> Any:
+            value = kwargs.get("value")
+            device = getattr(args[0], "device", None) if args else None
+            if (value is not None and value.is_python_constant() and isinstance(device, torch.device)
+                    and device.type == "tpu" and tpu_served_by_hf_tpu()):
+                return None  # traced whole, as any in-graph function
+            return upstream(self, tx, *args, **kwargs)
+
+        handlers[torch.addcdiv] = handle_addcdiv
+        return handlers
+
+    _get_handlers._hf_tpu_patched = True  # type: ignore[attr-defined] # the class attribute reads the function
+    return staticmethod(_get_handlers)
