@@ -331,6 +331,8 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: list[Any], options: 
             jitted[prec] = xla_options.jit_full(with_precision, ident=ident, static_argnums=static)
         return jitted[prec]
 
+    wait = runtime.await_graph_programs()
+
     def call(args: list[Any]) -> list[Any]:
         on_tpu = any(T.is_tpu(a) for a in args)
         fused.current_op = COMPILED_GRAPH  # what a pending input's graph runs for (fused mode's stats)
@@ -352,6 +354,8 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: list[Any], options: 
         held = getattr(program, "executables", None)
         held = held() if held is not None else None
         out = program(*jargs)
+        if wait:  # XLA:CPU would keep the finished program's buffers (runtime.await_graph_programs)
+            jax.block_until_ready(out)
         if error_checks:
             out, infos = out
             _check_errors(error_checks, infos)

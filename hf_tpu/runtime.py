@@ -123,6 +123,24 @@ def _sync_cpu_dispatch() -> bool:
     return os.environ.get("HF_TPU_CPU_ASYNC_DISPATCH", "1") == "0" and _cpu_only()
 
 
+AWAIT_GRAPHS_ENV = "HF_TPU_AWAIT_GRAPHS"
+
+
+@functools.cache
+def await_graph_programs() -> bool:
+    """Whether a compiled graph's call waits for its XLA program before returning: when the stand-in runs on
+    the host CPU with asynchronous dispatch (HF_TPU_AWAIT_GRAPHS=0: never). Why: XLA:CPU keeps a finished
+    asynchronous program's whole buffer table (its inputs, outputs and temporaries) alive until the thread
+    that dispatched it dispatches another program or one of its outputs is awaited (jax 0.10.2; measured, not
+    documented). A compiled backward runs on autograd's device thread, which dispatches nothing more until
+    the next backward, so its saved activations, temporaries and gradient outputs stayed resident through the
+    optimizer step and the next forward (GPT-2 124M, 4 x 128, bf16 autocast: 0.6-1.1 GB of host memory that
+    no array held, benchmarks/step_memory.py); the forward's table likewise stayed through the backward. Its
+    caller needs the outputs next anyway, so the wait costs only the overlap of the little Python between
+    graphs."""
+    return _cpu_only() and not _sync_cpu_dispatch() and os.environ.get(AWAIT_GRAPHS_ENV, "1") != "0"
+
+
 @functools.cache
 def jax() -> Any:
     """Import and configure JAX once; every lowering goes through this."""
