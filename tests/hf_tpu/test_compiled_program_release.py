@@ -24,7 +24,7 @@ MIB = 1 << 20
 N = 2048  # 16 MiB float32 matrices: the retained table (saved product, cumsum, temporaries) is ~4-6 of them
 
 CHILD = r"""
-import ctypes, json
+import ctypes, json, time
 import torch
 import hf_tpu
 from hf_tpu import memory
@@ -51,6 +51,7 @@ for step in range(3):  # step 0 traces and compiles; 1 and 2 are measured
     torch.ones(1, device="tpu").cpu()  # the main thread's last program awaited: nothing of it kept
     before = unheld()
     fn(x, w).backward()
+    time.sleep(0.5)  # an awaited program's table is let go on XLA's worker thread just after it finishes
     out.append(unheld() - before)
     x.grad = w.grad = None
 print(json.dumps(out[1:]))
@@ -70,7 +71,7 @@ def _unheld_growth(env: dict[str, str]) -> list[int]:
 def test_a_compiled_step_leaves_no_memory_behind_that_no_tensor_holds() -> None:
     growth = _unheld_growth({})
     assert max(growth) < 12 * MIB, [g / MIB for g in growth]
-    # the same step without the wait keeps the backward program's table: the check can fail
+    # without the wait the backward program's table (~50-65 MiB) stays in at least one of the two steps
     kept = _unheld_growth({runtime.AWAIT_GRAPHS_ENV: "0"})
-    assert min(kept) > 24 * MIB, [g / MIB for g in kept]
+    assert max(kept) > 32 * MIB, [g / MIB for g in kept]
 
