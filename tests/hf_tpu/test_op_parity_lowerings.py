@@ -330,3 +330,19 @@ def test_singular_matrices_raise_as_on_cpu(compiled: bool) -> None:
                 run(*tpu_args)
         else:
             assert torch.equal(run(*tpu_args).cpu(), expected), name  # the infos: [0, 2]
+
+
+def test_complex_logcumsumexp_keeps_cpus_branch() -> None:
+    """CPU scans max + log1p(exp(min - max)) in complex128, so a result keeps its largest term's imaginary part
+    unwrapped; torchax's log of a cumulative sum wrapped it into (-pi, pi] (64 of 125 OpInfo elements 2 pi off).
+    Also -inf and NaN terms, and the dim of a permuted layout."""
+    torch.manual_seed(0)
+    x = torch.complex(torch.randn(4, 6) * 3, torch.randn(4, 6) * 6)
+    x[1, 2] = complex(float("-inf"), 0.0)
+    x[2, 3] = complex(float("nan"), 1.0)
+    x[3, :2] = complex(float("-inf"), 2.0)
+    for dim in (0, 1, -1):
+        _close(torch.logcumsumexp(x, dim), torch.logcumsumexp(x.to("tpu"), dim))
+        torch._dynamo.reset()
+        fn = torch.compile(lambda t, d=dim: torch.logcumsumexp(t, d), backend="tpu", dynamic=False)
+        _close(torch.logcumsumexp(x, dim), fn(x.to("tpu")))
