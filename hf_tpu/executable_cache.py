@@ -29,8 +29,8 @@ hooks.override_lowerings, whose replaced lowerings are not named by the ident); 
 (graph_ident.py: a canonical text of the graph, the same for the graph Dynamo made and the one loaded from
 the graph cache); the fused optimizer's chunk programs (optim_lowerings: lists of arrays and keyword
 hyperparameters, Python numbers among them, and donated arguments, whose donation is compiled into the
-executable and named in the ident). A program that cannot be saved (it calls a custom-call target, or has
-hoisted constants) is compiled with JAX's cache on, so its miss costs what it did before. HF_TPU_EXECUTABLE_CACHE=0
+executable and named in the ident). A program that cannot be saved (it calls a custom-call target other than hf-tpu's own,
+register_targets, or has hoisted constants) is compiled with JAX's cache on, so its miss costs what it did before. HF_TPU_EXECUTABLE_CACHE=0
 turns it off; HF_TPU_DISABLE_DISK_CACHE=1 (no persistent cache at all) does too. Entries live in
 `executables/` under runtime.cache_dir() (JAX ignores subdirectories of its cache).
 """
@@ -121,7 +121,8 @@ def stable(x: Any) -> str:
 
 def _digest_sources(root: Path) -> str:
     h = hashlib.sha256()
-    for f in sorted(root.rglob("*.py")):
+    # the C++ too: native/torch_dot.cpp's handlers are called by saved executables
+    for f in sorted([*root.rglob("*.py"), *root.rglob("*.cpp")]):
         h.update(f.relative_to(root).as_posix().encode())
         try:
             h.update(f.read_bytes())
@@ -191,6 +192,20 @@ def entry_key(ident: str, variant: str, options: Any, args: tuple | list, place:
                       ";".join(_arg_text(a) for a in args), "" if place is None else f"default:{place.id}"]
                      + ([] if tree is None else [f"tree:{tree}"]))
     return hashlib.sha256(text.encode()).hexdigest()[:40]
+
+
+# ----------------------------------------------------------------------------------------------- custom calls
+# Custom-call targets of hf-tpu's own that a saved executable may call: name -> a function that registers the
+# target with XLA in this process (True when it could). Registered by the module that lowers to them
+# (torch_dot_ffi) when imported, which happens before any executable is loaded (lowering.py imports it).
+_targets: dict[str, Callable[[], bool]] = {}
+
+
+def register_targets(names: tuple[str, ...] | list[str], ensure: Callable[[], bool]) -> None:
+    """Programs calling only these custom-call targets may be saved: `ensure()` registers them before an entry
+    that records them is loaded (an unregistered target killed the process: _custom_calls)."""
+    for name in names:
+        _targets[name] = ensure
 
 
 # ----------------------------------------------------------------------------------------------- store
@@ -360,6 +375,10 @@ def _load(key: str, ident: str, leaves: tuple | list) -> Any:
         state = pickle.loads(payload)
         if state.get("ident") != ident or state.get("format") != FORMAT:
             raise ValueError("the entry names another program")
+        for target in state.get("targets", ()):  # hf-tpu's own custom calls: registered before loading
+            ensure = _targets.get(target)
+            if ensure is None or not ensure():
+                raise ValueError(f"the entry calls custom-call target {target}, which cannot be registered here")
         exe = se.deserialize_and_load(state["exe"], state["in_tree"], state["out_tree"])
         takes = runtime.jax().tree_util.tree_leaves(exe.in_avals)
         if len(takes) != len(leaves) or any(
@@ -412,7 +431,8 @@ def _compile_and_save(key: str, ident: str, jitted: Any, args: tuple, kwargs: di
     _bump("misses")
     _listen()
     lowered = jitted.lower(*args, **(kwargs or {}))  # traced with JAX's cache on: eager computations inside a trace use it
-    if _calls_out(lowered) or getattr(getattr(lowered, "_lowering", None), "const_args", None):
+    targets = _custom_calls(lowered)
+    if targets is None or set(targets) - set(_targets) or getattr(getattr(lowered, "_lowering", None), "const_args", None):
         # not saveable (below; JAX cannot serialize a program with hoisted constants either): compiled with
         # JAX's own cache, so that this miss, repeated in every process, costs no more than it did before
         _bump("unsaveable")
@@ -426,7 +446,7 @@ def _compile_and_save(key: str, ident: str, jitted: Any, args: tuple, kwargs: di
     try:
         blob, in_tree, out_tree = se.serialize(exe)
         data = pickle.dumps({"format": FORMAT, "ident": ident, "exe": blob, "in_tree": in_tree,
-                             "out_tree": out_tree})
+                             "out_tree": out_tree, "targets": sorted(targets)})
     except Exception:  # noqa: BLE001 - usable here, just not saved (an output pytree that does not pickle)
         _bump("unsaveable")
         return exe
@@ -435,16 +455,24 @@ def _compile_and_save(key: str, ident: str, jitted: Any, args: tuple, kwargs: di
     return exe
 
 
-def _calls_out(lowered: Any) -> bool:
-    """Whether the program calls a custom-call target (LAPACK's `lapack_sgetrf_ffi` and the other jaxlib FFI
-    kernels behind linear algebra). jaxlib registers those handlers in a process only when it first lowers
-    such a program, so an executable deserialized in a fresh process called an unregistered kernel and the
-    process died (SIGSEGV: torch.linalg.det on tpu in a second process). Such programs are not saved; the
-    few ops that need them trace and lower in each process as before."""
+def _custom_calls(lowered: Any) -> set[str] | None:
+    """The custom-call targets the program calls (None: cannot tell). jaxlib registers its own handlers
+    (LAPACK's `lapack_sgetrf_ffi` and the other FFI kernels behind linear algebra) in a process only when it
+    first lowers such a program, so an executable deserialized in a fresh process called an unregistered
+    kernel and the process died (SIGSEGV: torch.linalg.det on tpu in a second process). Programs calling
+    those are not saved (they trace and lower in each process as before); hf-tpu's own targets
+    (register_targets) are registered before an entry recording them is loaded, so those programs are."""
+    import re
+
     try:
-        return "custom_call" in lowered.as_text()
+        text = lowered.as_text()
     except Exception:  # noqa: BLE001 - cannot tell: do not save
-        return True
+        return None
+    if "custom_call" not in text:
+        return set()
+    # StableHLO's `stablehlo.custom_call @target(...)`; anything else naming a custom call: unknown
+    names = re.findall(r"custom_call @([\w.$-]+)", text)
+    return set(names) if len(names) == text.count("custom_call") else None
 
 
 @functools.cache

@@ -21,6 +21,7 @@ from hf_tpu import dtypes, float8, lowering_ops, op_registry, optim_lowerings, p
 from hf_tpu.errors import NoLowering, op_name  # noqa: F401 - re-exported: callers name lowering.NoLowering
 from hf_tpu import batch_norm, fractional_pool, half_kernels, half_steps, histogram, pool_ties, segment_reduce, topk_ties  # noqa: F401  (register lowerings)
 from hf_tpu import cumulative, linalg_lowerings, margin_loss, scatter_ops, special_functions, special_polynomials, unpool  # noqa: F401
+from hf_tpu import torch_dot_ffi
 from hf_tpu.lowering_parity import OPMATH, opmath
 from hf_tpu.op_registry import lowers
 from hf_tpu.rng import ENV
@@ -275,7 +276,12 @@ def find(op: Any) -> Callable[..., Any] | None:
         inner = fn
 
         def fn(*args: Any, **kwargs: Any) -> Any:  # noqa: F811 - the precision-aware variant
-            args = precision.round_args(name, args, precision.current())
+            prec = precision.current()
+            if name in torch_dot_ffi.OPS:  # large float dots: PyTorch's CPU matmul inside the program
+                out = torch_dot_ffi.lowered(name, args, kwargs, prec)
+                if out is not None:
+                    return out
+            args = precision.round_args(name, args, prec)
             if name in precision.WIDE_ACCUMULATION_OPS:  # bfloat16 operands: YNNPACK's bfloat16 dot
                 out = precision.wide_accumulation_matmul(name, args, kwargs)
                 if out is not None:

@@ -1,0 +1,134 @@
+// XLA FFI handlers that compute a dot with PyTorch's CPU matmul (at::mm / at::bmm / at::addmm) on XLA's own
+// buffers, for programs XLA:CPU runs (hf_tpu/torch_dot_ffi.py explains when and why). Operands and result are
+// wrapped as CPU tensors with at::from_blob (no copy); the result is written in place by the *_out kernels.
+//
+// Attributes: transpose_lhs / transpose_rhs (int64, 0 or 1): the operand as stored is the transpose of the
+// one multiplied (its last two dims), so XLA need not copy a transposed weight; beta / alpha (f64): addmm's.
+// Float32 dots run with PyTorch's CPU float32 matmul at IEEE precision (the stand-in's precision is applied
+// to the operands before the call): if the process set torch's oneDNN matmul to bf16/tf32, it is switched
+// to IEEE for the call under a lock and restored (a rare case: hf-tpu keeps torch's setting and tpu's equal).
+
+#include <ATen/ATen.h>
+#include <ATen/Context.h>
+
+#include <atomic>
+#include <mutex>
+#include <vector>
+
+#include "xla/ffi/api/ffi.h"
+
+namespace ffi = xla::ffi;
+
+namespace {
+
+bool torch_type(ffi::DataType t, at::ScalarType* out) {
+  switch (t) {
+    case ffi::DataType::F32: *out = at::kFloat; return true;
+    case ffi::DataType::BF16: *out = at::kBFloat16; return true;
+    case ffi::DataType::F16: *out = at::kHalf; return true;
+    case ffi::DataType::F64: *out = at::kDouble; return true;
+    default: return false;
+  }
+}
+
+at::Tensor wrap(const ffi::AnyBuffer& b, bool transpose) {
+  auto dims = b.dimensions();
+  std::vector<int64_t> sizes(dims.begin(), dims.end());
+  at::ScalarType st = at::kFloat;
+  torch_type(b.element_type(), &st);
+  at::Tensor t = at::from_blob(b.untyped_data(), sizes, at::TensorOptions().dtype(st).device(at::kCPU));
+  return transpose ? t.transpose(-1, -2) : t;
+}
+
+std::mutex precision_lock;
+std::atomic<int64_t> dots{0};  // handler calls in this process (tests read it)
+
+// Runs f with torch's CPU float32 matmuls at IEEE precision.
+template <typename F>
+void ieee(F&& f) {
+  auto& ctx = at::globalContext();
+  auto leaf = ctx.float32Precision(at::Float32Backend::MKLDNN, at::Float32Op::MATMUL);
+  if (leaf == at::Float32Precision::IEEE || leaf == at::Float32Precision::NONE) {
+    f();
+    return;
+  }
+  std::lock_guard<std::mutex> hold(precision_lock);
+  ctx.setFloat32Precision(at::Float32Backend::MKLDNN, at::Float32Op::MATMUL, at::Float32Precision::IEEE);
+  try {
+    f();
+  } catch (...) {
+    ctx.setFloat32Precision(at::Float32Backend::MKLDNN, at::Float32Op::MATMUL, leaf);
+    throw;
+  }
+  ctx.setFloat32Precision(at::Float32Backend::MKLDNN, at::Float32Op::MATMUL, leaf);
+}
+
+ffi::Error check(const ffi::AnyBuffer& b, const char* what) {
+  at::ScalarType st;
+  if (!torch_type(b.element_type(), &st)) {
+    return ffi::Error(ffi::ErrorCode::kInvalidArgument, std::string("hf_tpu torch dot: unsupported dtype of ") + what);
+  }
+  return ffi::Error::Success();
+}
+
+ffi::Error MmImpl(ffi::AnyBuffer lhs, ffi::AnyBuffer rhs, ffi::Result<ffi::AnyBuffer> out, int64_t transpose_lhs,
+                  int64_t transpose_rhs) {
+  for (auto* b : {&lhs, &rhs}) {
+    auto e = check(*b, "an operand");
+    if (e.failure()) return e;
+  }
+  dots.fetch_add(1, std::memory_order_relaxed);
+  try {
+    at::Tensor a = wrap(lhs, transpose_lhs != 0), b = wrap(rhs, transpose_rhs != 0), o = wrap(*out, false);
+    ieee([&] {
+      if (a.dim() == 3) {
+        at::bmm_out(o, a, b);
+      } else {
+        at::mm_out(o, a, b);
+      }
+    });
+  } catch (const std::exception& e) {
+    return ffi::Error(ffi::ErrorCode::kInternal, std::string("hf_tpu torch dot: ") + e.what());
+  }
+  return ffi::Error::Success();
+}
+
+ffi::Error AddmmImpl(ffi::AnyBuffer bias, ffi::AnyBuffer lhs, ffi::AnyBuffer rhs, ffi::Result<ffi::AnyBuffer> out,
+                     int64_t transpose_lhs, int64_t transpose_rhs, double beta, double alpha) {
+  for (auto* b : {&bias, &lhs, &rhs}) {
+    auto e = check(*b, "an operand");
+    if (e.failure()) return e;
+  }
+  dots.fetch_add(1, std::memory_order_relaxed);
+  try {
+    at::Tensor c = wrap(bias, false), a = wrap(lhs, transpose_lhs != 0), b = wrap(rhs, transpose_rhs != 0);
+    at::Tensor o = wrap(*out, false);
+    ieee([&] { at::addmm_out(o, c, a, b, beta, alpha); });
+  } catch (const std::exception& e) {
+    return ffi::Error(ffi::ErrorCode::kInternal, std::string("hf_tpu torch addmm: ") + e.what());
+  }
+  return ffi::Error::Success();
+}
+
+}  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(hf_tpu_torch_mm, MmImpl,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Attr<int64_t>("transpose_lhs")
+                                  .Attr<int64_t>("transpose_rhs"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(hf_tpu_torch_addmm, AddmmImpl,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Attr<int64_t>("transpose_lhs")
+                                  .Attr<int64_t>("transpose_rhs")
+                                  .Attr<double>("beta")
+                                  .Attr<double>("alpha"));
+
+extern "C" int64_t hf_tpu_torch_dot_calls() { return dots.load(); }

@@ -1,0 +1,232 @@
+"""Large float dots inside XLA:CPU programs as a call into PyTorch's CPU matmul (an XLA FFI custom call).
+
+A compiled graph (torch.compile(backend="tpu")), a fused-mode graph or an eager op's program is one XLA program;
+its dots are XLA:CPU's own (YNNPACK), which on the 2-core host of issue 31 ran each M=64 layer dot mostly on
+one thread where PyTorch's matmul (MKL / oneDNN) splits it over its intra-op threads. Here the lowering of mm,
+bmm, addmm, matmul and linear emits, for bfloat16 operands (float32 too with HF_TPU_TORCH_DOTS=all: DTYPES)
+and at least MIN_MACS multiply-adds, a custom call whose handler (native/torch_dot.cpp) runs at::mm / at::bmm / at::addmm on XLA's
+buffers (no copies; a transposed operand is passed as stored with a flag, so XLA copies no weight). The
+stand-in's precision is applied to the operands first, as for XLA's own dot (precision.round_args), and the
+handler multiplies float32 at IEEE precision on every host; bfloat16 operands give PyTorch's bfloat16 matmul
+(float32 sums, one rounding, as precision.wide_accumulation_matmul).
+
+The handler library is built once per machine with torch.utils.cpp_extension.load (next to the device's C++
+hooks, native/__init__.py) against the installed torch and jaxlib's XLA FFI headers (jax.ffi.include_dir()),
+and registered with XLA when first needed, before any saved executable is loaded (executable_cache asks
+`ensure()` for the targets an entry records). Without a compiler, on another platform, or with
+HF_TPU_TORCH_DOTS=0 the lowerings keep XLA's dot.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import sys
+import threading
+import warnings
+from pathlib import Path
+from typing import Any
+
+from hf_tpu import executable_cache, runtime
+
+SOURCE = Path(__file__).with_name("native") / "torch_dot.cpp"
+TARGETS = ("hf_tpu_torch_mm", "hf_tpu_torch_addmm")
+# Which dots go to PyTorch (here and in eager mode, torch_dots.py), by HF_TPU_TORCH_DOTS: "1" (the default)
+# bfloat16 ones, "all" float32 ones too, "0" none. Measured on this 2-core AMX-BF16 host
+# (benchmarks/torch_dots_bench.py, the fastest of many calls, so the nearest to a quiet machine): bfloat16
+# dots take 0.2-0.9x XLA's wall time and 0.3-0.5x its CPU time at GPT-2's training shapes (oneDNN's AMX kernel
+# against YNNPACK's); float32 ones at M=64 0.85-1.12x the wall time and ~1.5x the CPU time (MKL against YNNPACK:
+# no gain), so float32 stays XLA's unless asked for.
+_SETTING = os.environ.get("HF_TPU_TORCH_DOTS", "1")
+ENABLED = _SETTING != "0"
+DTYPES = ("bfloat16", "float32") if _SETTING == "all" else ("bfloat16",)
+# Multiply-adds from which a dot goes to PyTorch: below it XLA's own dot costs as little (the handler's call
+# and PyTorch's threads are not free), and the eager path's DLPack exchange costs ~80 CPU-us.
+MIN_MACS = int(os.environ.get("HF_TPU_TORCH_DOT_MACS", str(1 << 22)))
+_lock = threading.Lock()
+_state: dict[str, Any] = {"registered": False, "reason": "not loaded yet"}
+
+
+def _module_name() -> str:
+    import torch
+
+    h = hashlib.sha256(SOURCE.read_bytes())
+    h.update(f"{torch.__version__}|{runtime.jax().__version__}|{sys.version}|{sys.platform}".encode())
+    return f"hf_tpu_torch_dot_{h.hexdigest()[:12]}"
+
+
+def _load() -> ctypes.CDLL:
+    from torch.utils import cpp_extension
+
+    name = _module_name()
+    # native.build_dir()'s place (that module sits in a higher layer): $TORCH_EXTENSIONS_DIR, else the user cache
+    env = os.environ.get("TORCH_EXTENSIONS_DIR")
+    directory = (Path(env).expanduser() if env else runtime._user_cache() / "native") / name
+    path, done = directory / f"{name}.so", directory / "built"
+    if not done.exists():
+        directory.mkdir(parents=True, exist_ok=True)
+        print(f"hf_tpu: building the torch-dot XLA handlers once for this machine into {directory} ...",
+              file=sys.stderr, flush=True)
+        cpp_extension.load(name=name, sources=[str(SOURCE)], build_directory=str(directory),
+                           extra_cflags=["-O2"], extra_include_paths=[runtime.jax().ffi.include_dir()],
+                           is_python_module=False, verbose=False)
+        done.write_text("ok\n")
+    return ctypes.CDLL(str(path))
+
+
+def ensure() -> bool:
+    """The handlers built, loaded and registered with XLA:CPU (once per process); False when they cannot be
+    (then the lowerings keep XLA's dot; the reason is in status())."""
+    if _state["registered"]:
+        return True
+    if not ENABLED or runtime.platform() != "cpu":
+        _state["reason"] = "HF_TPU_TORCH_DOTS=0" if not ENABLED else f"platform {runtime.platform()}"
+        return False
+    with _lock:
+        if _state["registered"]:
+            return True
+        if _state.get("failed"):
+            return False
+        try:
+            jax = runtime.jax()
+            lib = _load()
+            for target in TARGETS:
+                jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(getattr(lib, target)), platform="cpu")
+        except Exception as exc:  # noqa: BLE001 - no compiler, no headers: XLA's dots, with a warning
+            _state.update(failed=True, reason=f"{type(exc).__name__}: {exc}")
+            warnings.warn("hf_tpu: could not build or load the torch-dot XLA handlers ("
+                          + _state["reason"].splitlines()[0] + "); large dots stay XLA's. Install g++ and ninja, or "
+                          "set HF_TPU_TORCH_DOTS=0 to silence this.", RuntimeWarning, stacklevel=2)
+            return False
+        _state.update(registered=True, reason="", lib=lib)
+        return True
+
+
+def status() -> dict[str, Any]:
+    return {k: v for k, v in _state.items() if k != "lib"}
+
+
+def calls() -> int:
+    """Dots the handlers computed in this process so far (0 before they are loaded)."""
+    lib = _state.get("lib")
+    if lib is None:
+        return 0
+    fn = lib.hf_tpu_torch_dot_calls
+    fn.restype = ctypes.c_int64
+    return int(fn())
+
+
+executable_cache.register_targets(TARGETS, ensure)
+
+
+# ----------------------------------------------------------------------------------------------- lowering
+def _source(a: Any) -> tuple[Any, int]:
+    """(what to pass, transposed flag): the source of a traced last-two-dims transpose, so the handler reads it
+    as stored (precision._transposed_from: a `weight.t()` view, a compiled graph's permute node), else `a`."""
+    from hf_tpu import precision
+
+    src = precision._transposed_from(a)
+    return (src, 1) if src is not None else (a, 0)
+
+
+def _dot(lhs: Any, rhs: Any, tl: int, tr: int, bias: Any, beta: float, alpha: float) -> Any:
+    """lhs @ rhs (each transposed first where flagged; 2-D, or 3-D with equal batch) [beta * bias + alpha *
+    (lhs @ rhs)], through the handler."""
+    import numpy as np
+
+    jax = runtime.jax()
+    m = lhs.shape[-1] if tl else lhs.shape[-2]
+    n = rhs.shape[-2] if tr else rhs.shape[-1]
+    out = jax.ShapeDtypeStruct((*lhs.shape[:-2], m, n), lhs.dtype)
+    flags = dict(transpose_lhs=np.int64(tl), transpose_rhs=np.int64(tr))
+    if bias is None:
+        return jax.ffi.ffi_call("hf_tpu_torch_mm", out)(lhs, rhs, **flags)
+    return jax.ffi.ffi_call("hf_tpu_torch_addmm", out)(bias, lhs, rhs, beta=np.float64(beta),
+                                                        alpha=np.float64(alpha), **flags)
+
+
+@functools.cache
+def _differentiable() -> Any:
+    """_dot with JAX's own dot as its VJP: a lowering traced under jax.vjp (backward_lowerings) must not meet
+    an FFI call without a derivative rule."""
+    jax = runtime.jax()
+    jnp = jax.numpy
+
+    def reference(lhs: Any, rhs: Any, bias: Any, tl: int, tr: int, beta: float, alpha: float) -> Any:
+        x = jnp.swapaxes(lhs, -1, -2) if tl else lhs
+        y = jnp.swapaxes(rhs, -1, -2) if tr else rhs
+        prod = jnp.matmul(x, y, preferred_element_type=jnp.float32)
+        if bias is not None:
+            prod = beta * bias.astype(jnp.float32) + alpha * prod
+        return prod.astype(lhs.dtype)
+
+    @functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5, 6))
+    def dot(lhs: Any, rhs: Any, bias: Any, tl: int, tr: int, beta: float, alpha: float) -> Any:
+        return _dot(lhs, rhs, tl, tr, bias, beta, alpha)
+
+    def fwd(lhs: Any, rhs: Any, bias: Any, tl: int, tr: int, beta: float, alpha: float) -> Any:
+        return _dot(lhs, rhs, tl, tr, bias, beta, alpha), (lhs, rhs, bias)
+
+    def bwd(tl: int, tr: int, beta: float, alpha: float, saved: Any, g: Any) -> Any:
+        lhs, rhs, bias = saved
+        return jax.vjp(lambda a, b, c: reference(a, b, c, tl, tr, beta, alpha), lhs, rhs, bias)[1](g)
+
+    dot.defvjp(fwd, bwd)
+    return dot
+
+
+OPS = frozenset({"mm", "bmm", "addmm", "matmul", "linear"})
+
+
+def _operands(name: str, args: tuple, kwargs: dict) -> tuple[Any, Any, int, Any, float, float] | None:
+    """(x, y or its source, y transposed flag, bias, beta, alpha) of the op's call, or None."""
+    if name == "addmm":
+        if len(args) != 3 or set(kwargs) - {"beta", "alpha"}:
+            return None
+        bias, x, y = args
+        beta, alpha = kwargs.get("beta", 1.0), kwargs.get("alpha", 1.0)
+        if type(beta) not in (int, float) or type(alpha) not in (int, float):
+            return None
+        return (x, *_source(y), bias, float(beta), float(alpha))
+    if name == "linear":
+        if kwargs or len(args) not in (2, 3) or getattr(args[1], "ndim", 0) != 2:
+            return None
+        return args[0], args[1], 1, (args[2] if len(args) == 3 else None), 1.0, 1.0  # x @ w.T + b, w as stored
+    if kwargs or len(args) != 2:
+        return None
+    return (args[0], *_source(args[1]), None, 1.0, 1.0)
+
+
+def lowered(name: str, args: tuple, kwargs: dict, prec: str) -> Any:
+    """The op's result through PyTorch's matmul, at matmul precision `prec` (applied to the operands here, after
+    transposes are looked through), or None when the op, its shapes or dtypes are not ones this takes (the
+    caller then runs XLA's dot)."""
+    from hf_tpu import precision
+
+    if not ENABLED or name not in OPS:
+        return None
+    got = _operands(name, args, kwargs)
+    if got is None:
+        return None
+    x, y, tr, bias, beta, alpha = got
+    dtype = getattr(x, "dtype", None)
+    if dtype is None or dtype.name not in DTYPES or getattr(y, "dtype", None) != dtype \
+            or (bias is not None and getattr(bias, "dtype", None) != dtype):
+        return None
+    lead = None
+    if x.ndim >= 3 and y.ndim == 2 and name in ("matmul", "linear"):  # rows of every batch: one 2-D dot
+        lead, x = x.shape[:-1], x.reshape(-1, x.shape[-1])
+    x, tl = _source(x)
+    if not ((x.ndim == 2 and y.ndim == 2) or (x.ndim == 3 and y.ndim == 3 and x.shape[0] == y.shape[0])):
+        return None
+    m, k = (x.shape[-1], x.shape[-2]) if tl else (x.shape[-2], x.shape[-1])
+    k2, n = (y.shape[-1], y.shape[-2]) if tr else (y.shape[-2], y.shape[-1])
+    if k != k2 or (bias is not None and x.ndim != 2):
+        return None
+    if m * k * n * (x.shape[0] if x.ndim == 3 else 1) < MIN_MACS or not ensure():
+        return None
+    x, y = precision.round_operand(x, prec), precision.round_operand(y, prec)  # a bias is added in float32
+    out = _differentiable()(x, y, bias, tl, tr, beta, alpha)
+    return out if lead is None else out.reshape(*lead, out.shape[-1])
