@@ -197,6 +197,22 @@ def _linalg_check_errors(info: torch.Tensor, api_name: str, *, is_matrix: bool) 
     torch.ops.aten._linalg_check_errors(info.cpu(), api_name, is_matrix=is_matrix)
 
 
+@lowers(aten.linalg_lu_solve.default)
+def _linalg_lu_solve(lu: Any, pivots: Any, b: Any, *, left: bool = True, adjoint: bool = False) -> Any:
+    """X with A X = B (A^H X = B with adjoint), or X A = B (X A^H = B) when not `left`, from getrf's LU and
+    1-based pivots. From the right, X A = B is A^T X^T = B^T, and X A^H = B is A X^H = B^H: torchax solved
+    A^H X^T = B^T and A X^T = B^T, the same for real A but wrong for complex (lu_solve complex64, left=False)."""
+    jax = _jax()
+    jnp = jax.numpy
+    factors = (lu, (pivots - 1).astype(jnp.int32))
+    if left:
+        return jax.scipy.linalg.lu_solve(factors, b, trans=2 if adjoint else 0)
+    if adjoint:
+        return jnp.conj(jnp.swapaxes(jax.scipy.linalg.lu_solve(factors, jnp.conj(jnp.swapaxes(b, -1, -2)), trans=0),
+                                     -1, -2))
+    return jnp.swapaxes(jax.scipy.linalg.lu_solve(factors, jnp.swapaxes(b, -1, -2), trans=1), -1, -2)
+
+
 @lowers(aten._linalg_svd.default)
 def _linalg_svd(a: Any, full_matrices: bool = False, compute_uv: bool = True, *,
                 driver: str | None = None) -> tuple[Any, Any, Any]:

@@ -346,3 +346,17 @@ def test_complex_logcumsumexp_keeps_cpus_branch() -> None:
         torch._dynamo.reset()
         fn = torch.compile(lambda t, d=dim: torch.logcumsumexp(t, d), backend="tpu", dynamic=False)
         _close(torch.logcumsumexp(x, dim), fn(x.to("tpu")))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.complex64])
+def test_lu_solve_every_side_and_adjoint(dtype) -> None:
+    """From the right, torchax solved A^H X^T = B^T (and A X^T = B^T with adjoint): right for real A only
+    (lu_solve complex64, left=False)."""
+    torch.manual_seed(0)
+    a = torch.randn(2, 4, 4, dtype=dtype) + 4 * torch.eye(4, dtype=dtype)
+    lu, piv = torch.linalg.lu_factor(a)
+    for left in (True, False):
+        b = torch.randn(2, 4, 3, dtype=dtype) if left else torch.randn(2, 3, 4, dtype=dtype)
+        for adjoint in (False, True):
+            want = torch.linalg.lu_solve(lu, piv, b, left=left, adjoint=adjoint)
+            _close(want, torch.linalg.lu_solve(lu.to("tpu"), piv.to("tpu"), b.to("tpu"), left=left, adjoint=adjoint))
