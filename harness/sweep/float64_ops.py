@@ -19,7 +19,11 @@ deterministic factory (zeros, ones, full, arange, tensor, ...): FastSpeech2Confo
 ("Input type (float) and bias type (double) should be the same"), so no row of it had a reference. Random
 factories are left alone (harness/sweep/draws.py draws in float32 whatever the dtype asked for, so that the
 reference draws the baseline's numbers), and so is `empty` (draws.py's in-place draws fill a float32 `empty`
-buffer, under this mode in the train reference run).
+buffer, under this mode in the train reference run). And `torch.full` with no dtype and a Python float fill
+value (its dtype is then the default one) makes float64: XGLM's attention and Kosmos-2's causal mask fill
+`torch.finfo(float64).min` that way ("value cannot be converted to type float without overflow"). Other
+factories relying on the default dtype are left alone: their float32 results are cast by the models that make
+them, and the default dtype itself would also reach rebuilt models' initialisation and draws.py.
 """
 
 from __future__ import annotations
@@ -63,11 +67,19 @@ class _Float64Kernels(TorchFunctionMode):
         kwargs = kwargs or {}
         if func in _TAKEN and args and isinstance(args[0], torch.Tensor) and args[0].dtype == torch.float64:
             return grouped_mm(*args, **kwargs)
-        if func in _FACTORIES and kwargs.get("dtype") is torch.float32:
+        if func in _FACTORIES and kwargs.get("dtype") is torch.float32 or _default_float_full(func, args, kwargs):
             kwargs = {**kwargs, "dtype": torch.float64}
         elif func in _CASTS and args and isinstance(args[0], torch.Tensor) and args[0].dtype == torch.float64:
             func, args, kwargs = _keep_float64(func, args, kwargs)
         return func(*args, **kwargs)
+
+
+def _default_float_full(func: Any, args: tuple, kwargs: dict) -> bool:
+    """torch.full(size, fill) with no dtype and a Python float fill: PyTorch gives it the default dtype."""
+    if func is not torch.full or kwargs.get("dtype") is not None:
+        return False
+    fill = args[1] if len(args) > 1 else kwargs.get("fill_value")
+    return isinstance(fill, float)
 
 
 def _keep_float64(func: Any, args: tuple, kwargs: dict) -> tuple[Any, tuple, dict]:

@@ -106,3 +106,20 @@ def test_shared_draws_are_the_baselines_within_kernels():
     assert [t.dtype for t in ref] == [torch.float64, torch.float64, torch.float32, torch.float64]
     for b, r in zip(base, ref, strict=True):
         assert torch.equal(b.double(), r.double())
+
+
+def test_a_default_dtype_full_of_a_float_makes_float64_within_kernels():
+    """XGLM's attention and Kosmos-2's causal mask: `torch.full(shape, torch.finfo(dtype).min)` with no dtype
+    makes the default dtype, float32, which cannot hold float64's minimum: the float64 reference run raised
+    "value cannot be converted to type float without overflow" and both had no reference."""
+    from transformers.models.kosmos2.modeling_kosmos2 import _make_causal_mask
+
+    with float64_ops.kernels():
+        mask = _make_causal_mask((2, 4), torch.float64, torch.device("cpu"))
+        full = torch.full((2,), torch.finfo(torch.float64).min)
+        assert full.dtype == torch.float64 and full[0].item() == torch.finfo(torch.float64).min
+        assert torch.full((2,), 0.5, dtype=torch.float16).dtype == torch.float16  # a dtype asked for: kept
+        assert torch.full((2,), 3).dtype == torch.int64 and torch.full((2,), True).dtype == torch.bool
+    assert mask.dtype == torch.float64 and mask[0, 0, 0, 1].item() == torch.finfo(torch.float64).min
+    assert mask[0, 0, 1, 0].item() == 0.0
+    assert torch.full((2,), 0.5).dtype == torch.float32  # outside kernels(): PyTorch's own
