@@ -1,4 +1,7 @@
-"""logcumsumexp of complex input as CPU's kernel computes it; other dtypes keep torchax's lowering.
+"""logcumsumexp as CPU's kernel computes it: complex input by CPU's own scan, float32 in float64 (CPU's acc_type
+for float is double: a float32 scan lost digits past a 1e4 term, and the gradient, a logcumsumexp of the
+reversed gradient, was 1e-3 off); other dtypes torchax's lowering. (Half inputs arrive upcast to float32 by
+lowering_parity.OPMATH and take the float64 path too.)
 
 CPU (ReduceOpsKernel's logcumsumexp over LogAddExp.h's `_log_add_exp_helper`) runs a sequential scan in the
 accumulate type (complex128 for complex64), starting from -inf: each step is max + log1p(exp(min - max)) with
@@ -46,7 +49,10 @@ def logcumsumexp(x: Any, dim: int) -> Any:
         from hf_tpu.torchax_compat import load_op_table
 
         table = load_op_table()[0]
-        return (table.get(aten.logcumsumexp.default) or table[aten.logcumsumexp]).func(x, dim)
+        base = (table.get(aten.logcumsumexp.default) or table[aten.logcumsumexp]).func
+        if x.dtype == jnp.float32:  # CPU's accumulate type (module docstring)
+            return base(x.astype(jnp.float64), dim).astype(x.dtype)
+        return base(x, dim)
     if x.ndim == 0 or x.size == 0:
         return x
     dim = dim % x.ndim
