@@ -13,7 +13,9 @@ Models that cast to float32 by name (Autoformer's attention: `torch.zeros_like(v
 norms that upcast with `.to(torch.float32)`) mean "at least float32": in a float64 reference run such a cast
 would mix float32 into float64 ("mat1 and mat2 must have the same dtype") and the entry had no reference at
 all. Within `kernels()`, a float64 tensor cast to float32 with `.float()`, `.to(torch.float32)` or
-`.type(torch.float32)` stays float64. So does a tensor made with `dtype=torch.float32` (`torch.float`) by a
+`.type(torch.float32)` stays float64, and so does an integer or boolean tensor cast so (Glm4v's vision
+position embedding casts its integer image sizes to float32 for the float64 grid_sample grid: "expected scalar
+type Double but found Float"). So does a tensor made with `dtype=torch.float32` (`torch.float`) by a
 deterministic factory (zeros, ones, full, arange, tensor, ...): FastSpeech2Conformer's length regulator fills
 `torch.zeros(..., dtype=torch.float)` with the encoder's float64 states and hands it to the float64 decoder
 ("Input type (float) and bias type (double) should be the same"), so no row of it had a reference. Random
@@ -69,7 +71,8 @@ class _Float64Kernels(TorchFunctionMode):
             return grouped_mm(*args, **kwargs)
         if func in _FACTORIES and kwargs.get("dtype") is torch.float32 or _default_float_full(func, args, kwargs):
             kwargs = {**kwargs, "dtype": torch.float64}
-        elif func in _CASTS and args and isinstance(args[0], torch.Tensor) and args[0].dtype == torch.float64:
+        elif func in _CASTS and args and isinstance(args[0], torch.Tensor) and (
+                args[0].dtype == torch.float64 or not (args[0].is_floating_point() or args[0].is_complex())):
             func, args, kwargs = _keep_float64(func, args, kwargs)
         return func(*args, **kwargs)
 

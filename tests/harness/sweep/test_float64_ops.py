@@ -123,3 +123,23 @@ def test_a_default_dtype_full_of_a_float_makes_float64_within_kernels():
     assert mask.dtype == torch.float64 and mask[0, 0, 0, 1].item() == torch.finfo(torch.float64).min
     assert mask[0, 0, 1, 0].item() == 0.0
     assert torch.full((2,), 0.5).dtype == torch.float32  # outside kernels(): PyTorch's own
+
+
+def test_an_integer_tensor_cast_to_float32_makes_float64_within_kernels():
+    """Glm4v's vision embeddings cast the integer image sizes with `.to(dtype=torch.float32)` to build the grid
+    of a grid_sample over the float64 position embedding: the float64 run raised "expected scalar type Double
+    but found Float" (Glm4v, Glm46V: no reference). Within kernels() such a cast makes float64 (integers are
+    exact in both); a float32 tensor's cast and casts outside are PyTorch's own."""
+    import torch.nn.functional as F
+
+    sizes = torch.tensor([[1, 4, 4]])
+    table = torch.randn(1, 3, 4, 4, dtype=torch.float64)
+    with float64_ops.kernels():
+        h = sizes[:, 1].to(dtype=torch.float32)
+        assert h.dtype == torch.float64 and torch.tensor([True]).float().dtype == torch.float64
+        grid = torch.stack(((torch.arange(4) + 0.5) / h * 2 - 1,) * 2, -1).view(1, 4, 1, 2)
+        out = F.grid_sample(table, grid, mode="bicubic", align_corners=False, padding_mode="border")
+        assert out.dtype == torch.float64
+        assert torch.randn(2).to(torch.float32).dtype == torch.float32
+        assert sizes.to(torch.float16).dtype == torch.float16 and sizes.long().dtype == torch.int64
+    assert sizes.to(torch.float32).dtype == torch.float32
