@@ -66,3 +66,32 @@ def test_cpu_backward_does_not_trim(monkeypatch: pytest.MonkeyPatch) -> None:
     assert not host_malloc._on_tpu(torch.ones(1))
     assert not host_malloc._on_tpu([torch.ones(1), torch.ones(2)])
     assert host_malloc._on_tpu((torch.ones(1), torch.ones(1, device="tpu")))
+
+
+def test_optimizer_step_on_tpu_gives_free_heap_back_and_keeps_the_update() -> None:
+    torch.manual_seed(0)
+    w = torch.randn(8, 8, requires_grad=True)
+    wt = w.detach().to("tpu").requires_grad_()
+    opt, opt_t = torch.optim.SGD([w], lr=0.1), torch.optim.SGD([wt], lr=0.1)
+    for p, o in ((w, opt), (wt, opt_t)):
+        p.grad = torch.ones_like(p)
+    opt_t.step()  # its program compiled and loaded now, not in the measured step
+    libc = ctypes.CDLL(None)
+    libc.malloc.restype = ctypes.c_void_p
+    libc.malloc.argtypes = [ctypes.c_size_t]
+    libc.free.argtypes = [ctypes.c_void_p]
+    libc.mallopt(-3, 32 << 20)  # heap blocks, as tpu buffers are (test above)
+    blocks = [libc.malloc(256 << 10) for _ in range(401)]
+    for b in blocks:
+        ctypes.memset(b, 1, 256 << 10)
+    keep = blocks.pop(blocks.index(max(blocks)))
+    for b in blocks:
+        libc.free(b)  # 100 MiB free in the heap, still resident
+    before = _rss()
+    opt_t.step()
+    after = _rss()
+    libc.free(keep)
+    assert before - after > 50 << 20, (before, after)  # without the trim the 100 MiB stay resident
+    opt.step()
+    opt.step()
+    torch.testing.assert_close(wt.detach().cpu(), w.detach())
