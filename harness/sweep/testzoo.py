@@ -43,6 +43,9 @@ runs and the status is the backend's:
                 the keys, so the query's and key's weight gradients are small residues of cancellation whose
                 float32 rounding CPU and tpu do not share; tpu lands beyond the rule's 2x CPU's distance from float64
                 where a CPU run nudged by one ulp lands too (BioGPT's q_proj.bias): a float32-spread pass
+    subnormal   a `pass` with a branch scaled so far down that its weight's gradient sums float32 subnormal
+                products to values near float32's smallest normal: CPU keeps the subnormal terms, tpu flushes them
+                to zero as a TPU does (DeepSeek-OCR2's SAM encoder); a gradient of that size is null (train.py)
 
 With HF_TPU_SWEEP_TEST_LOG=path each build appends "<entry_id> <pid>" to that file (exactly-once tests).
 """
@@ -59,14 +62,15 @@ from typing import Any
 from harness.zoo.entry import ZooEntry
 
 KINDS = ("pass", "raise", "compile", "abort", "sleep", "oom", "perturb", "baseline", "missing", "slow", "opaque",
-         "stateful", "recompile", "nullgrad", "pipeline", "tracediff", "numpy", "zerobias", "nullmove", "residue")
+         "stateful", "recompile", "nullgrad", "pipeline", "tracediff", "numpy", "zerobias", "nullmove", "residue",
+         "subnormal")
 DEFAULT_SET = ("pass", "raise", "compile", "abort", "sleep", "oom", "perturb", "baseline", "missing")
 EXPECTED_STATUS = {
     "pass": "pass", "raise": "fail_to_run", "compile": "compile_fail", "abort": "crash", "sleep": "timeout",
     "oom": "oom", "perturb": "fail_accuracy", "baseline": "baseline_fail", "missing": "not_available",
     "slow": "pass", "opaque": "compile_fail", "stateful": "pass",
     "recompile": "pass", "nullgrad": "pass", "pipeline": "pass", "tracediff": "fail_accuracy", "numpy": "pass",
-    "zerobias": "pass", "nullmove": "pass", "residue": "pass",
+    "zerobias": "pass", "nullmove": "pass", "residue": "pass", "subnormal": "pass",
 }
 _SPEC_RE = re.compile(r"^([a-z]+)(?:\*(\d+))?$")
 
@@ -147,6 +151,8 @@ def _make_model(kind: str):
                 nn.init.zeros_(self.mix.bias)
             if kind == "residue":
                 self.query, self.key = nn.Linear(32, 32), nn.Linear(32, 32)
+            if kind == "subnormal":
+                self.tiny = nn.Linear(32, 8, bias=False)
 
         def forward(self, x):
             h = torch.nn.functional.gelu(self.fc1(x))
@@ -164,6 +170,10 @@ def _make_model(kind: str):
                 k = k.mean(0) + 1e-3 * (k - k.mean(0))
                 h = torch.softmax(self.query(h) @ k.T, dim=-1) @ h
             out = self.fc2(h)
+            if kind == "subnormal":  # dW = (u * 1e-19)^T (g * 1e-19): subnormal products summing to up to 2.4x
+                # float32's smallest normal in 4 elements (column 0), float64 RMS 0.23x it (measured)
+                u = torch.cat([h[:, :1] * 300.0, torch.zeros_like(h[:, 1:])], 1)
+                out = out + self.tiny(u * 1e-19) * 1e-19
             if kind in ("zerobias", "residue"):
                 out = out * 100.0  # gradients ~1e2: their float32 noise (~1e-6) is far above AdamW's eps (1e-8)
             if kind == "nullmove":  # |0|'s gradient is 0: the pull adds nothing to the key bias's gradient at first
@@ -241,7 +251,7 @@ def parse_spec(spec: str) -> list[TestEntry]:
             entries.append(TestEntry(
                 id=eid, library="test", model_type=kind, model_class="Tiny",
                 task="test-" + ("regression" if kind in ("pass", "slow", "perturb", "recompile", "nullgrad", "pipeline",
-                                                         "zerobias", "nullmove", "residue")
+                                                         "zerobias", "nullmove", "residue", "subnormal")
                                 else "failure"),
                 available=kind != "missing", reason="not cached offline (test entry)" if kind == "missing" else "",
                 kind=kind,

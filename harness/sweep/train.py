@@ -55,6 +55,11 @@ LR = 1e-4  # small: Adam's update is ~lr per element whatever the gradient, so w
 # A float64 gradient this many times smaller than the float32 one is zero in exact arithmetic: float64's
 # rounding noise is ~1e-9 of float32's, a real gradient agrees to ~1e-7.
 NULL_GRADIENT = 1e-3
+# A gradient whose float64 size is below float32's smallest normal number is zero on a TPU, which flushes
+# subnormal products before summing them (XLA:CPU too), while CPU PyTorch sums them into values up to a few
+# times this (DeepSeek-OCR2's SAM encoder: RMS 4e-39, elements up to 3.5e-38): null as well. AdamW's update
+# from it is nothing (its size is far below eps); a gradient of normal size is never caught by this.
+SUBNORMAL = 1.1754943508222875e-38  # torch.finfo(torch.float32).tiny
 # Gradients and AdamW steps amplify float32 rounding (sums with cancellation: Bart's layer-norm weight gradient
 # is 1.6e-3 of its scale off float64 on CPU itself), so the float64 reference of the train phase is valid up to
 # this many times the forward's bound (tolerances.yaml `reference`); a reference that took another path or drew
@@ -258,7 +263,8 @@ def run_steps(built: Any, entry: Any, device: str | None, steps: int, dtype: Any
 
 def null_gradients(ref: dict, fp64: dict | None) -> list[str]:
     """The parameters (model order) whose step-1 gradient is zero in exact arithmetic: the float64 run's
-    gradient is below NULL_GRADIENT of the float32 baseline's (float32 noise, nothing to compare)."""
+    gradient is below NULL_GRADIENT of the float32 baseline's (float32 noise, nothing to compare), or zero
+    in float32 on a TPU: its float64 size is below float32's smallest normal number (SUBNORMAL)."""
     if not fp64:
         return []
     out = []
@@ -267,7 +273,7 @@ def null_gradients(ref: dict, fp64: dict | None) -> list[str]:
         if not name.startswith("grad.") or f is None or tuple(f.shape) != tuple(g.shape):
             continue
         rms32, rms64 = numerics.tensor_scale(g), numerics.tensor_scale(f)
-        if rms32 > 0 and rms64 <= NULL_GRADIENT * rms32:
+        if (rms32 > 0 and rms64 <= NULL_GRADIENT * rms32) or rms64 < SUBNORMAL:
             out.append(name[len("grad."):])
     return out
 
@@ -284,7 +290,8 @@ def null_note(params: list[str]) -> str:
     if not params:
         return ""
     shown = ", ".join(params[:3]) + (f", ... (+{len(params) - 3})" if len(params) > 3 else "")
-    return f"not compared: {len(params)} parameter(s) with a zero gradient in exact arithmetic ({shown})"
+    return (f"not compared: {len(params)} parameter(s) with a zero gradient in exact arithmetic or below float32's "
+            f"normal range ({shown})")
 
 
 def run_train(mode: str, built: Any, entry: Any, ref: dict, fp64: dict | None, opts: Any, device: Any,
