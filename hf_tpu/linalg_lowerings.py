@@ -168,6 +168,8 @@ def getrf_info(lu: Any) -> Any:
     torchax's `_ex` lowerings reported 0 always, so a singular matrix gave inf/nan with no error."""
     jnp = _jax().numpy
     zero = jnp.diagonal(lu, axis1=-2, axis2=-1) == 0
+    if zero.shape[-1] == 0:  # an empty matrix (OpInfo's 0 x 0 samples): nothing singular, and no argmax
+        return jnp.zeros(zero.shape[:-1], jnp.int32)
     return jnp.where(zero.any(-1), jnp.argmax(zero, -1) + 1, 0).astype(jnp.int32)
 
 

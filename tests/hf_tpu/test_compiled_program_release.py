@@ -69,9 +69,12 @@ def _unheld_growth(env: dict[str, str]) -> list[int]:
 
 @pytest.mark.skipif(not runtime.await_graph_programs(), reason="only on the host CPU with asynchronous dispatch")
 def test_a_compiled_step_leaves_no_memory_behind_that_no_tensor_holds() -> None:
+    # without the wait the backward program's table (~50-65 MiB) stays in at least one of the two steps, mostly;
+    # a clean-clone CI run once saw XLA:CPU let it go anyway (0.01 MiB): then the check cannot tell the two
+    # apart, and it is skipped rather than passed
+    kept = _unheld_growth({runtime.AWAIT_GRAPHS_ENV: "0"})
+    if max(kept) <= 32 * MIB:
+        pytest.skip(f"without the wait XLA:CPU kept no table this run ({[round(g / MIB, 2) for g in kept]} MiB)")
     growth = _unheld_growth({})
     assert max(growth) < 12 * MIB, [g / MIB for g in growth]
-    # without the wait the backward program's table (~50-65 MiB) stays in at least one of the two steps
-    kept = _unheld_growth({runtime.AWAIT_GRAPHS_ENV: "0"})
-    assert max(kept) > 32 * MIB, [g / MIB for g in kept]
 
