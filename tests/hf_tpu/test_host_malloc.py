@@ -78,7 +78,8 @@ def test_users_malloc_arena_max_wins() -> None:
 # The opt-in fixed mmap threshold (HF_TPU_MALLOC_MMAP_THRESHOLD): after a few forward/backward passes whose
 # buffers (2-8 MB) are above it, glibc's heap keeps few free bytes; with glibc's dynamic threshold (the
 # default, 0) those buffers come from the heap and their memory stays there when freed (68 MB against 7.6
-# measured).
+# measured at first; 20-35 MB against 7.1-7.3 on 2026-12-07, since host copies and the backward's trim keep
+# less in the heap: a clean-clone CI run had 26.8 against 7.1, so the margin asked is 2x, not 4x).
 MMAP_CHILD = textwrap.dedent("""
     import ctypes, torch
     from hf_tpu import host_malloc
@@ -112,7 +113,7 @@ def test_fixed_mmap_threshold_keeps_heap_free_small() -> None:
     fixed, applied = _run_mmap(**{host_malloc.MMAP_ENV: str(1 << 20)})
     dynamic, applied_dyn = _run_mmap()  # the default: glibc's dynamic threshold
     assert applied == str(1 << 20) and applied_dyn == "None"
-    assert fixed * 4 < dynamic, (fixed, dynamic)
+    assert fixed * 2 < dynamic, (fixed, dynamic)
 
 
 def test_users_mmap_threshold_wins() -> None:
