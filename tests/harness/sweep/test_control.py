@@ -10,7 +10,7 @@ from harness.sweep.runner import run_entry
 from harness.sweep.worker import Death, Task, merge_cause, resolve_death
 
 
-def _rows(kind: str, opts) -> dict:
+def _rows(kind: str, opts, device: str = "cpu") -> dict:
     (entry,) = testzoo.parse_spec(f"test:{kind}")
     rows: list[dict] = []
 
@@ -20,7 +20,7 @@ def _rows(kind: str, opts) -> dict:
         elif k == "cause":
             merge_cause(rows, p)
 
-    run_entry(entry, ("eager", "compiled"), opts, get_device("cpu"), emit)
+    run_entry(entry, ("eager", "compiled"), opts, get_device(device), emit)
     return {r["mode"]: r for r in rows}
 
 
@@ -120,19 +120,9 @@ def test_model_that_draws_nothing_compiles_outside_the_shared_draws(cpu_opts) ->
 def _train_rows(kind: str, tmp_path) -> dict:
     from harness.sweep.options import SweepOptions
 
-    (entry,) = testzoo.parse_spec(f"test:{kind}")
     opts = SweepOptions(zoo=f"test:{kind}", device="tpu", out=str(tmp_path / "run"), run_id="t", timeout=300,
                         memory_cap_gb=4, progress="none", repeats=1, precision="highest", phases=("train",))
-    rows: list[dict] = []
-
-    def emit(k, p):
-        if k == "row":
-            rows.append(p)
-        elif k == "cause":
-            merge_cause(rows, p)
-
-    run_entry(entry, ("eager", "compiled"), opts, get_device("tpu"), emit)
-    return {r["mode"]: r for r in rows}
+    return _rows(kind, opts, "tpu")
 
 
 def test_compiled_train_accuracy_failure_under_aot_eager_too_is_cause_upstream(tmp_path) -> None:
