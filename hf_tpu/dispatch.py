@@ -22,7 +22,6 @@ import torch
 from hf_tpu import (debug_checks, devices, foreach_ops, functionalize, fused, lowering,  # noqa: F401
                     op_registry, optim_lowerings, runtime, serialization, storage_ops, view_ops)
 from hf_tpu import tensor as T
-from hf_tpu import torch_dots  # noqa: F401 - registers eager kernels for large dots (PyTorch's matmul)
 from hf_tpu.eager_functional import mixed_device_error, run_functional
 from hf_tpu.errors import TpuOpError  # noqa: F401 - re-exported: callers catch dispatch.TpuOpError
 from hf_tpu.op_registry import lowers

@@ -33,7 +33,7 @@ from hf_tpu import executable_cache, runtime
 
 SOURCE = Path(__file__).with_name("native") / "torch_dot.cpp"
 TARGETS = ("hf_tpu_torch_mm", "hf_tpu_torch_addmm")
-# Which dots go to PyTorch (here and in eager mode, torch_dots.py), by HF_TPU_TORCH_DOTS: "1" (the default)
+# Which dots go to PyTorch (in eager op programs, fused and compiled graphs alike), by HF_TPU_TORCH_DOTS: "1" (the default)
 # bfloat16 ones, "all" float32 ones too, "0" none. Measured on this 2-core AMX-BF16 host
 # (benchmarks/torch_dots_bench.py, the fastest of many calls, so the nearest to a quiet machine): bfloat16
 # dots take 0.2-0.9x XLA's wall time and 0.3-0.5x its CPU time at GPT-2's training shapes (oneDNN's AMX kernel
@@ -43,7 +43,8 @@ _SETTING = os.environ.get("HF_TPU_TORCH_DOTS", "1")
 ENABLED = _SETTING != "0"
 DTYPES = ("bfloat16", "float32") if _SETTING == "all" else ("bfloat16",)
 # Multiply-adds from which a dot goes to PyTorch: below it XLA's own dot costs as little (the handler's call
-# and PyTorch's threads are not free), and the eager path's DLPack exchange costs ~80 CPU-us.
+# and PyTorch's threads are not free). An eager path on DLPack views of the JAX buffers was measured slower
+# (it waits for its operands at every dot; ~80 CPU-us of exchange per call) and removed.
 MIN_MACS = int(os.environ.get("HF_TPU_TORCH_DOT_MACS", str(1 << 22)))
 _lock = threading.Lock()
 _state: dict[str, Any] = {"registered": False, "reason": "not loaded yet"}

@@ -1,6 +1,5 @@
 """Large float dots by PyTorch's CPU matmul as an XLA FFI custom call inside programs (hf_tpu/torch_dot_ffi.py:
-eager op programs, fused mode, compiled graphs) and, with HF_TPU_TORCH_DOTS_EAGER=dlpack, on the JAX buffers
-from eager dispatch (hf_tpu/torch_dots.py). The oracle is CPU PyTorch:
+eager op programs, fused mode, compiled graphs). The oracle is CPU PyTorch:
 float32 at "highest" (precision.cpu_reference), whose bits those dots must give (HF_TPU_TORCH_DOTS=all; by
 default float32 dots stay XLA's, measured no faster here); at "medium" the precision rule's (both float32
 operands rounded to bfloat16, then a float32 product), on any host; bfloat16 dots CPU PyTorch's own bfloat16
@@ -19,7 +18,7 @@ import pytest
 import torch
 
 import hf_tpu  # noqa: F401 - registers the tpu device
-from hf_tpu import hooks, torch_dot_ffi, torch_dots
+from hf_tpu import hooks, torch_dot_ffi
 
 aten = torch.ops.aten
 ROOT = Path(__file__).resolve().parents[2]
@@ -29,8 +28,8 @@ M, K, N = 64, 1000, 300
 
 FLOAT32_CHILD = r"""
 import json, sys, torch, hf_tpu
-from hf_tpu import precision, torch_dot_ffi, torch_dots
-by_torch = lambda: torch_dots.calls + torch_dot_ffi.calls()
+from hf_tpu import precision, torch_dot_ffi
+by_torch = torch_dot_ffi.calls
 M, K, N = %d, %d, %d
 hf_tpu.set_matmul_precision("highest")
 torch.manual_seed(0)
@@ -69,11 +68,11 @@ for dev in ("cpu", "tpu"):
     grads.append([v.grad.cpu() for v in (xs, ws, bs)])
 res["grad_x"], res["grad_w"] = torch.equal(grads[0][0], grads[1][0]), torch.equal(grads[0][1], grads[1][1])
 res["grad_b_close"] = bool(torch.allclose(grads[0][2], grads[1][2], rtol=1e-4, atol=1e-3))  # XLA's row sum
-# fused mode: the dot is a node of the fused program (the custom call), not computed eagerly
-calls = torch_dots.calls
+# fused mode: the dot is a node of the fused program (the custom call)
+calls = by_torch()
 with hf_tpu.defer_and_fuse():
     got = (lin(t(x), t(w), t(b)) * 2).cpu()
-res["fused"], res["fused_deferred"] = torch.equal(got, oracle(lin, x, w, b) * 2), torch_dots.calls == calls
+res["fused"], res["fused_by_torch"] = torch.equal(got, oracle(lin, x, w, b) * 2), by_torch() > calls
 # a compiled graph: its dots are custom calls into PyTorch
 model = torch.nn.Sequential(torch.nn.Linear(K, N), torch.nn.ReLU(), torch.nn.Linear(N, K))  # ReLU: exact
 expected = oracle(model, x)
@@ -89,17 +88,16 @@ print(json.dumps(res))
 """ % (M, K, N)
 
 
-def _child(setting: str, eager: str = "program") -> dict:
-    env = {**os.environ, "HF_TPU_TORCH_DOTS": setting, "HF_TPU_TORCH_DOTS_EAGER": eager, "PYTHONPATH": str(ROOT)}
+def _child(setting: str) -> dict:
+    env = {**os.environ, "HF_TPU_TORCH_DOTS": setting, "PYTHONPATH": str(ROOT)}
     r = subprocess.run([sys.executable, "-c", FLOAT32_CHILD], capture_output=True, text=True, env=env, timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
-@pytest.fixture(scope="module", params=["program", "dlpack"])
-def float32_on(request: pytest.FixtureRequest) -> dict:
-    """Eager dots as programs calling PyTorch (the default), or PyTorch on DLPack views (torch_dots.py)."""
-    return _child("all", request.param)
+@pytest.fixture(scope="module")
+def float32_on() -> dict:
+    return _child("all")
 
 
 @pytest.fixture(scope="module")
@@ -117,8 +115,8 @@ def test_float32_dots_are_the_oracles_bits(case: str, float32_on: dict) -> None:
 
 
 def test_float32_dots_by_torch_where_expected(float32_on: dict) -> None:
-    assert all(float32_on[c + "_by_torch"] for c in ("linear", "linear_3d", "mm_t", "addmm_scaled", "bmm"))
-    assert float32_on["fused_deferred"] and float32_on["torch_bf16_setting_kept"]
+    assert all(float32_on[c + "_by_torch"] for c in ("linear", "linear_3d", "mm_t", "addmm_scaled", "bmm", "fused"))
+    assert float32_on["torch_bf16_setting_kept"]
     assert float32_on["grad_b_close"] and float32_on["medium_not_highest"] and float32_on["close"]
 
 
