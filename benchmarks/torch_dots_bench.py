@@ -1,14 +1,15 @@
-"""Milliseconds per dot on tpu's XLA:CPU buffers by the three paths hf-tpu has for it: XLA's own dot (YNNPACK),
-PyTorch's CPU matmul on DLPack views (torch_dots.py, eager) and PyTorch's matmul as an XLA FFI custom call
-inside the program (torch_dot_ffi.py); and PyTorch's matmul on its own CPU tensors for reference.
+"""Milliseconds per dot on tpu's XLA:CPU buffers by three paths: XLA's own dot (YNNPACK), PyTorch's CPU matmul
+on DLPack views of the JAX buffers (an eager path measured here and removed: it waits at every dot), and
+PyTorch's matmul as an XLA FFI custom call inside the program (torch_dot_ffi.py, what hf-tpu uses); and
+PyTorch's matmul on its own CPU tensors for reference.
 
   OMP_WAIT_POLICY=PASSIVE python benchmarks/torch_dots_bench.py [--dtype f32|bf16] [--rounds 5]
                                                                [--shapes 64x768x768,...]
 
 Shapes are MxKxN (x (M, K) @ w (K, N)). Paths alternate within each round, 5 calls each; printed per path: the
 fastest call's wall-ms over all rounds (on a loaded machine, the call that had both cores) and the median
-CPU-ms per call (process time, all threads), and the wall ratios to XLA's. The MACs threshold of torch_dots.MIN_MACS / torch_dot_ffi.MIN_MACS comes from where the torch paths
-stop losing to XLA.
+CPU-ms per call (process time, all threads), and the wall ratios to XLA's. The MACs threshold of
+torch_dot_ffi.MIN_MACS comes from where the torch paths stop losing to XLA.
 """
 
 from __future__ import annotations
