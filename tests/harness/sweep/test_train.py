@@ -464,3 +464,10 @@ def test_a_gradient_below_float32s_normal_range_is_null_not_a_false_alarm(tmp_pa
     monkeypatch.setattr(train, "SUBNORMAL", 0.0)
     row = _train_rows("subnormal", tmp_path / "judged")["eager"]
     assert row["status"] == "fail_accuracy" and "tiny.weight" in row["error_message"], row
+
+
+def test_the_subnormal_bound_is_float32s_smallest_normal():
+    # train.py keeps it a literal (torch is imported lazily there); it must stay torch's own figure
+    import torch
+
+    assert train.SUBNORMAL == torch.finfo(torch.float32).tiny
