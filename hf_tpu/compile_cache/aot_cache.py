@@ -64,7 +64,12 @@ def active() -> Iterator[None]:
     # PyTorch's directory is Inductor's cache_dir(); ours carries the salt (see the module docstring)
     AOTAutogradCache._get_tmp_dir = classmethod(lambda cls: where)  # type: ignore[method-assign]
     try:
-        with torch._functorch.config.patch(enable_autograd_cache=True, bundled_autograd_cache=True), \
+        # force_non_lazy_backward_lowering: the backward compiled now, in this block, as aot_compile_fullgraph
+        # does. Compiled lazily (AOTAutograd's default) at the first backward, it ran outside the block, where
+        # bundled_autograd_cache is off and the entry is not saved: no training graph was ever saved, and every
+        # process ran AOTAutograd again for each subgraph of a model with graph breaks.
+        with torch._functorch.config.patch(enable_autograd_cache=True, bundled_autograd_cache=True,
+                                           force_non_lazy_backward_lowering=True), \
                 torch._inductor.config.patch(fx_graph_cache=True):
             yield
     finally:

@@ -6,7 +6,7 @@ so what decides whether a saved graph may serve a call is ours, and all of it is
 - the call's arguments, recursively: tensors by shape, dtype, device, strides, requires_grad and storage
   offset; modules by class, config (Transformers/Diffusers `config`), training flag and parameters (names, shapes, dtypes);
   other values by type and value;
-- the state the graph depends on: matmul precision, grad mode, default dtype;
+- the state the graph depends on: matmul precision, grad mode, default dtype, autocast;
 - hf_tpu's lowering table as far as it shapes the ATen graph: which ops are decomposed before lowering
   (an op gaining or losing a lowering changes the graph). The lowerings themselves are not in the key: a
   loaded graph is lowered again by today's table, so a changed lowering shows on a warm cache.
@@ -218,6 +218,20 @@ def describe(x: Any, depth: int = 0) -> Any:
     return out
 
 
+def autocast_state() -> dict[str, str]:
+    """The autocast dtype of each device type where autocast is on. Dynamo's saved guards check it, but one key
+    holds one entry: a model called both under autocast and without it (a bf16 training step and a float32
+    evaluation) overwrote its own entry at each switch, and each new process compiled again."""
+    out = {}
+    for device in ("cpu", "tpu", "cuda"):
+        try:
+            if torch.is_autocast_enabled(device):
+                out[device] = str(torch.get_autocast_dtype(device))
+        except RuntimeError:  # a device type this torch has no autocast state for
+            continue
+    return out
+
+
 def call_key(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any], modes: str = "") -> tuple[str, dict[str, Any]]:
     """(hex key, the description it hashes) for compiling `fn(*args, **kwargs)` now. `modes`: the kind of
     torch-function modes active around the call (cached.DRAWS_ONLY, or "" for none): entries saved under
@@ -233,6 +247,7 @@ def call_key(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any], modes: str 
         "precision": precision.current(),
         "grad": torch.is_grad_enabled(),
         "default_dtype": str(torch.get_default_dtype()),
+        "autocast": autocast_state(),
     }
     if modes:
         desc["modes"] = modes

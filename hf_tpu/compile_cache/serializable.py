@@ -258,5 +258,24 @@ def aot_compile(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str,
     from torch._dynamo.aot_compile import aot_compile_fullgraph
     from torch._dynamo.hooks import Hooks
 
-    return aot_compile_fullgraph(fn, (args, kwargs), hooks=Hooks(guard_filter_fn=guard_filter),
-                                 backend=serializable_backend, dynamic=False)
+    with torch._dynamo.config.patch(ignore_logging_functions=_quiet_logging_functions()):
+        return aot_compile_fullgraph(fn, (args, kwargs), hooks=Hooks(guard_filter_fn=guard_filter),
+                                     backend=serializable_backend, dynamic=False)
+
+
+# Logger methods below ERROR level, Transformers' own (warning_once, ...) included where it added them
+_QUIET_LOGGER_METHODS = ("debug", "info", "warning", "warn", "warning_once", "info_once", "warning_advice")
+
+
+def _quiet_logging_functions() -> set[Any]:
+    """Dynamo's ignore_logging_functions for the full-graph capture, plus logging.Logger's methods below ERROR:
+    such a call becomes a no-op of the saved graph, as torch.export makes every logging call. Without it the
+    capture failed on the first one (Dynamo breaks the graph there) and the call took the ordinary path, in
+    every process: Transformers' loss_function says `logger.warning_once("loss_type=None ...")` for every model
+    whose class name maps to no loss type (GPT2LMHeadModel with labels), so GPT-2 124M's compiled training step
+    ran Dynamo and AOTAutograd again in each new process (58-113 s). The cost: such advisory messages are not
+    printed by a compiled call the cache serves; errors and critical messages still break the graph."""
+    import logging
+
+    return set(torch._dynamo.config.ignore_logging_functions) | {
+        getattr(logging.Logger, name) for name in _QUIET_LOGGER_METHODS if hasattr(logging.Logger, name)}

@@ -59,10 +59,40 @@ def build(kind: str):  # noqa: ANN201
     return MLP(width).eval(), {"x": torch.randn(2, width)}
 
 
+def train_step() -> None:
+    """finetune_step.py's training step at toy size: GPT-2 with labels (Transformers' loss_function logs a
+    warning_once inside the forward), bfloat16 autocast, backward, AdamW(fused=True); the losses of 2 steps."""
+    import transformers
+
+    transformers.utils.logging.set_verbosity_error()
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=128, n_positions=16,
+                                     resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    model = transformers.GPT2LMHeadModel(config).to("tpu").train()
+    ids = torch.randint(0, 128, (2, 16)).to("tpu")
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
+    if os.environ.get("CHILD_BREAK") == "1":  # a graph break in the first block: the ordinary path
+        model.transformer.h[0].register_forward_pre_hook(lambda *_: torch._dynamo.graph_break())
+    compiled = torch.compile(model, backend="tpu")
+    losses = []
+    for _ in range(2):
+        with torch.autocast("tpu", dtype=torch.bfloat16):
+            loss = compiled(input_ids=ids, labels=ids).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        losses.append(loss.item())
+    stats = hf_tpu.compile_stats()
+    print(json.dumps({"losses": losses, "traces": traces, "graphs": stats["graphs"], "tiers": stats["tiers"],
+                      "graph_breaks": stats["graph_breaks"]}))
+
+
 def main() -> None:
     import torch._dynamo
 
     _count_traces()
+    if sys.argv[1] == "train":
+        return train_step()
     if os.environ.get("CHILD_THREADS"):
         torch.set_num_threads(int(os.environ["CHILD_THREADS"]))
     hf_tpu.set_matmul_precision(os.environ.get("CHILD_PRECISION", "highest"))

@@ -66,6 +66,17 @@ def test_graph_whose_guards_hold_an_import_source_loads(tmp_path: Path) -> None:
     assert warm["max_err"] < TOL and warm["again_err"] < TOL
 
 
+def test_second_process_is_served_the_training_step(tmp_path: Path) -> None:
+    # GPT-2's loss_function logs a warning_once inside the forward: the full-graph capture broke there, the call
+    # took the ordinary path, and every process ran Dynamo and AOTAutograd again (finetune_step: 58-113 s)
+    cold = run(tmp_path, "train")
+    assert cold["tiers"]["saved"] == 1 and cold["tiers"]["unsaveable"] == 0, cold
+    warm = run(tmp_path, "train")
+    assert warm["tiers"]["host"]["hits"] == 1 and warm["tiers"]["memory"]["hits"] >= 1, warm
+    assert warm["traces"] == 0 and warm["graphs"] == 0 and warm["graph_breaks"] == 0, warm  # nothing compiled
+    assert warm["losses"] == cold["losses"]  # the same programs: the same bits
+
+
 def test_guard_miss_falls_back_and_stays_correct(tmp_path: Path) -> None:
     run(tmp_path, CHILD_SCALE="1.0")
     # same key (a plain attribute is not part of it), but the saved guard on `scale` fails
@@ -145,6 +156,19 @@ def test_graph_break_subgraphs_skip_aotautograd_when_warm(tmp_path: Path) -> Non
     # a hit is lowered by today's backend: relu lowered as the identity shows on the warm cache
     injected = run(tmp_path, CHILD_BREAK="1", CHILD_INJECT="1")
     assert injected["tiers"]["aot"]["hits"] >= 1 and injected["max_err"] > 1e-2
+
+
+def test_training_subgraphs_skip_aotautograd_when_warm(tmp_path: Path) -> None:
+    # AOTAutograd compiles a backward at the first backward, outside the cache's block: the entries of
+    # training subgraphs were never saved, and a warm process ran AOTAutograd for each of them again
+    cold = run(tmp_path, "train", CHILD_BREAK="1")
+    assert cold["tiers"]["unsaveable"] == 1 and cold["tiers"]["aot"]["misses"] >= 2, cold
+    warm = run(tmp_path, "train", CHILD_BREAK="1")
+    assert warm["traces"] >= 1 and warm["graph_breaks"] >= 1  # Dynamo still runs (a graph break) ...
+    # ... AOTAutograd does not: every subgraph the cold process compiled (or met twice) is a hit
+    assert warm["tiers"]["aot"]["hits"] == cold["tiers"]["aot"]["misses"] + cold["tiers"]["aot"]["hits"], warm
+    assert warm["tiers"]["aot"]["misses"] == 0
+    assert warm["losses"] == cold["losses"]
 
 
 @pytest.mark.slow

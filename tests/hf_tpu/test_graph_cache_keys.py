@@ -80,6 +80,21 @@ def test_grad_mode_and_function_change_the_key(model) -> None:
     assert key(model, fn=other) != base
 
 
+def test_autocast_changes_the_key(model) -> None:
+    # one key holds one entry: a bf16 autocast training step and a float32 evaluation of the same model
+    # overwrote each other's entry (the saved guards told them apart, the key did not)
+    base = key(model)
+    with torch.autocast("tpu", dtype=torch.bfloat16):
+        bf16 = key(model)
+    with torch.autocast("tpu", dtype=torch.float16):
+        f16 = key(model)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        cpu_bf16 = key(model)
+    assert len({base, bf16, f16, cpu_bf16}) == 4
+    with torch.autocast("tpu", dtype=torch.bfloat16, enabled=False):
+        assert key(model) == base
+
+
 def test_lowering_table_changes_the_key(model, monkeypatch) -> None:
     base = key(model)
     # an op gaining a lowering: it is no longer decomposed, so the ATen graph would differ
