@@ -16,7 +16,7 @@ from torch.utils import _pytree as pytree
 
 from hf_tpu import (backward_lowerings, counters, dtypes, float8, fused, lowering, op_registry, precision, rng,
                     xla_options)
-from hf_tpu import decomposed, errors, graph_ident, graph_parity, host_copy, meta_kernels
+from hf_tpu import decomposed, errors, graph_bool_index, graph_ident, graph_parity, host_copy, meta_kernels
 from hf_tpu import tensor as T
 from hf_tpu.op_registry import lowers
 from hf_tpu.torchax_compat import load_op_table
@@ -167,6 +167,7 @@ def to_jax_function(gm: torch.fx.GraphModule,
                 if _declared_dtype(n) is None:
                     raise
                 fns[n] = _refuse_dtype(_declared_dtype(n))
+            fns[n] = graph_bool_index.static_boolean_index(n, fns[n])  # x[mask] at the graph's recorded size
             promote = _integral_promotion(n)
             if promote is not None:
                 fns[n] = _promoted(fns[n], promote)

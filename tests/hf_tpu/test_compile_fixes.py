@@ -217,3 +217,44 @@ def test_as_strided_reads_its_input_storage_as_laid_out(fn, shape) -> None:
     torch._dynamo.reset()
     got = torch.compile(fn, backend="tpu")(a.to("tpu"))
     torch.testing.assert_close(got.cpu(), want, atol=0, rtol=0)
+
+
+def _embed_at_mask(emb: torch.Tensor, img: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    x = emb * 1.5
+    x[mask] = img.view(-1, img.size(-1))  # Kosmos-2's forward_embedding
+    return x
+
+
+def _embed_at_columns(emb: torch.Tensor, img: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    x = emb * 1.5
+    x[:, mask] = img  # a mask over a later dimension: its rows sit in the middle of the result
+    return x
+
+
+@pytest.mark.parametrize("fn,emb_shape,img_shape,mask", [
+    (_embed_at_mask, (2, 5, 4), (2, 2, 4), [[0, 1, 1, 0, 0], [1, 0, 0, 1, 0]]),
+    (_embed_at_columns, (3, 6, 2), (3, 2, 2), [0, 1, 0, 0, 1, 0]),
+])
+def test_boolean_mask_setitem_trains_compiled(highest, monkeypatch, tmp_path, fn, emb_shape, img_shape, mask) -> None:
+    # Kosmos2Model's compiled train row: the graph cache's full-graph capture keeps the setitem in one graph
+    # (ordinary Dynamo gives up on it and runs it eagerly); its backward reads grad[mask] with the mask traced,
+    # which JAX refused ("Array boolean indices must be concrete") at the first backward, past any fallback.
+    _graph_cache_on(monkeypatch, tmp_path)
+    from hf_tpu import compile_cache
+
+    torch._dynamo.reset()
+    compile_cache.reset_stats()
+    torch.manual_seed(0)
+    emb, img = torch.randn(emb_shape), torch.randn(img_shape)
+    mask_t = torch.tensor(mask, dtype=torch.bool)
+    w = torch.randn(emb_shape)
+    got = {}
+    for dev in ("cpu", "tpu"):
+        e, i = emb.to(dev, copy=True).requires_grad_(), img.to(dev, copy=True).requires_grad_()
+        run = torch.compile(fn, backend="tpu") if dev == "tpu" else fn
+        out = run(e, i, mask_t.to(dev))
+        (out * w.to(dev)).sum().backward()
+        got[dev] = [out.detach().cpu(), e.grad.cpu(), i.grad.cpu()]
+    for g, want in zip(got["tpu"], got["cpu"], strict=True):
+        torch.testing.assert_close(g, want)
+    assert compile_cache.stats()["saved"] == 1  # the one graph ran, forward and backward
