@@ -165,7 +165,8 @@ def _build(fn: Callable[..., Any], sk_args: tuple, sk_kwargs: tuple, ident: str 
         k = {name: fill(v, it) for name, v in sk_kwargs}
         return fn(*a, **k)
 
-    return xla_options.jit(program, ident=ident)  # fast compile, or XLA's defaults on large arrays
+    # fast compile, or XLA's defaults from an eager op's size limit (xla_options.py)
+    return xla_options.jit(program, ident=ident, large=xla_options.OP_LARGE_ELEMENTS)
 
 
 @functools.cache

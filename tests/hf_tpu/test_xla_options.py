@@ -86,6 +86,28 @@ def test_large_eager_ops_compile_fully_small_ones_fast_and_agree_with_cpu(highes
     torch.testing.assert_close(got_large, want_large)
 
 
+def test_one_eager_op_compiles_fully_from_its_own_smaller_limit(highest):
+    """An eager op's program is compiled with XLA's defaults from OP_LARGE_ELEMENTS (a real model's 64 x 768
+    activations: GPT-2's layer norms ran ~7x slower fast-compiled), a program of many ops only from
+    LARGE_ELEMENTS (its full compile costs more)."""
+    _need_fast_compile()
+    assert xla_options.OP_LARGE_ELEMENTS < xla_options.LARGE_ELEMENTS
+    torch.manual_seed(0)
+    rows = (xla_options.OP_LARGE_ELEMENTS + xla_options.LARGE_ELEMENTS) // 2 // 256  # between the two limits
+    x, w, b = torch.randn(rows, 256), torch.randn(256), torch.randn(256)
+    fast0, full0 = _program_sizes()
+    got = torch.nn.functional.layer_norm(x.to("tpu"), (256,), w.to("tpu"), b.to("tpu")).cpu()
+    fast1, full1 = _program_sizes()
+    assert full1 > full0 and fast1 == fast0
+    with precision.cpu_reference():
+        want = torch.nn.functional.layer_norm(x, (256,), w, b)
+    torch.testing.assert_close(got, want)
+    jax = runtime.jax()
+    several = xla_options.jit(lambda a: (a * 2.0 + 1.0).sum())
+    several(jax.numpy.ones((rows, 256), jax.numpy.float32))
+    assert several.fast._cache_size() == 1 and several.full._cache_size() == 0
+
+
 def test_the_same_program_gives_the_same_values_fast_or_fully_optimised():
     """The switch changes how XLA compiles, not what it computes beyond the last place: no fast-math either
     way (the two may round an element differently by an ulp, as AdamW's step does; not by more)."""
