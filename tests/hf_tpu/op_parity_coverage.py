@@ -181,9 +181,9 @@ def _journal(path: pathlib.Path) -> dict[str, op_parity.Result]:
 
 
 def eager_journal() -> dict[str, op_parity.Result]:
-    """The newest whole-database eager results: this session's rerun of the fixed ops' failing pairs on top of
-    eager-s1-after (itself eager-s1 with its failing pairs rerun)."""
-    for name in ("eager-s1-session5.jsonl", "eager-s1-after.jsonl", "eager-s1.jsonl"):
+    """The newest whole-database eager results: eager-s1-run2 (one complete run on one code, 2026-12-07), else
+    the older composites (failing pairs rerun on top of earlier runs)."""
+    for name in ("eager-s1-run2.jsonl", "eager-s1-session5.jsonl", "eager-s1-after.jsonl", "eager-s1.jsonl"):
         j = _journal(REPORTS / name)
         if j:
             return j
@@ -191,8 +191,9 @@ def eager_journal() -> dict[str, op_parity.Result]:
 
 
 def _status(pairs: list[str], journal: dict[str, op_parity.Result]) -> str:
-    """'pass' if every listed pair the journal holds passed both directions, else the failing pairs."""
-    ran = [p for p in pairs if p in journal]
+    """'pass' if every listed pair the journal holds passed both directions, else the failing pairs; declared
+    unsupported pairs (the sparse ops) are counted apart, as in the parity report."""
+    ran = [p for p in pairs if p in journal and not op_parity._unsupported(journal[p].forward)]
     if not ran:
         return "not run"
     bad = [p for p in ran if journal[p].forward != "pass" or journal[p].backward not in (None, "pass")]
@@ -204,7 +205,7 @@ def zoo_report(per_entry: dict[str, dict[str, int]]) -> tuple[str, list[dict[str
     db = db_table()
     recorded = sum(1 for _ in DB_OPS.open()) if DB_OPS.exists() else 0
     eager = eager_journal()
-    compiled = _journal(REPORTS / "compiled-s1.jsonl")
+    compiled = _journal(REPORTS / "compiled-s1-run2.jsonl") or _journal(REPORTS / "compiled-s1.jsonl")  # complete, one code
     ops = sorted({op for c in per_entry.values() for op in c})
     rows = []
     for op in ops:
