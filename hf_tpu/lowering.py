@@ -19,7 +19,7 @@ import torch
 # lowering_ops, optim_lowerings, float8 and random_ops register their hand lowerings (op_registry) when imported
 from hf_tpu import dtypes, float8, lowering_ops, op_registry, optim_lowerings, precision, random_ops  # noqa: F401
 from hf_tpu.errors import NoLowering, op_name  # noqa: F401 - re-exported: callers name lowering.NoLowering
-from hf_tpu import batch_norm, fractional_pool, half_kernels, half_steps, histogram, pool_ties, segment_reduce, topk_ties  # noqa: F401  (register lowerings)
+from hf_tpu import batch_norm, ctc_loss, fractional_pool, half_kernels, half_steps, histogram, pool_ties, segment_reduce, topk_ties  # noqa: F401  (register lowerings)
 from hf_tpu import cumulative, linalg_lowerings, margin_loss, scatter_ops, special_functions, special_polynomials, unpool  # noqa: F401
 from hf_tpu import torch_dot_ffi
 from hf_tpu.lowering_parity import OPMATH, opmath

@@ -39,7 +39,7 @@ HF_TPU_LAYERS: list[tuple[str, list[str]]] = [
                                   "hf_tpu.segment_reduce",
                                   "hf_tpu.fractional_pool", "hf_tpu.histogram", "hf_tpu.half_kernels", "hf_tpu.half_steps", "hf_tpu.batch_norm",
                                   "hf_tpu.topk_ties", "hf_tpu.pool_ties",
-                                  "hf_tpu.graph_parity", "hf_tpu.graph_bool_index", "hf_tpu.meta_kernels", "hf_tpu.cumulative", "hf_tpu.torch_dot_ffi"]),
+                                  "hf_tpu.graph_parity", "hf_tpu.graph_bool_index", "hf_tpu.meta_kernels", "hf_tpu.ctc_loss", "hf_tpu.cumulative", "hf_tpu.torch_dot_ffi"]),
     ("fused eager mode's recorder", ["hf_tpu.fused"]),
     ("tpu tensors and host copies", ["hf_tpu.tensor", "hf_tpu.host_copy"]),
     ("programs of one op, decompositions run as programs, plans, torch.save, optimizer kernels, the fused loss",
