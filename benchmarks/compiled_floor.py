@@ -1,11 +1,12 @@
 """The fastest a compiled forward can be on this host: the model's dots and attention alone, against CPU eager.
 
-  OMP_WAIT_POLICY=PASSIVE python benchmarks/compiled_floor.py [--models gpt2,qwen3-wide] [--repeats 20]
+  python benchmarks/compiled_floor.py [--models gpt2,qwen3-wide] [--repeats 20]
 
 Issue 31 asks compiled inference for <= 0.9x CPU eager's time. A compiled program still computes every dot and
 the attention; what it can remove is everything else (elementwise ops fused, no per-op Python or dispatch).
 So its time is at least the time of those ops alone. This script records the leaf ATen ops of one CPU eager
-forward (eager_bench.py's MODELS: seeded, offline, precision "highest", default threads) under a
+forward (eager_bench.py's MODELS: seeded, offline, precision "highest", default threads and OpenMP
+wait policy, as eager_bench.py times CPU eager) under a
 TorchDispatchMode, keeps the matmul and attention ones (profile_classes.py's classes) with their arguments,
 and times, alternating within each round:
 
