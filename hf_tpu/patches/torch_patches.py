@@ -157,3 +157,23 @@ def _addcdiv_whole(orig: Any, mod: Any) -> Any:
 
     _get_handlers._hf_tpu_patched = True  # type: ignore[attr-defined] # the class attribute reads the function
     return staticmethod(_get_handlers)
+
+
+@patch("torch.nn.modules.linear_cross_entropy_options", "LinearCrossEntropyOptions._adjust", "tpu_lce_options",
+       optional=True)
+def _linear_cross_entropy_options(orig: Any, mod: Any) -> Any:
+    """Upstream (PyTorch): F.linear_cross_entropy's chunked path resolves acc_policy/chunking "auto" per (device
+    type, dtype) from a table of CUDA and CPU entries, and accumulates half inputs in float32 only on CUDA and
+    CPU (_resolve_auto_acc_dtype: "hardware with a working mixed-precision mm path"); any other device falls
+    back to the "compact" policy accumulating in the half type, so a bfloat16 loss on tpu was 1 ulp off CPU's
+    and a float16 gradient 0.5% off (OpInfo's linear_cross_entropy.chunked pairs). A TPU multiplies half
+    matrices into float32 (its MXU; the stand-in's dots take out_dtype too). Fix: for tpu the options resolve
+    as CPU's ("accurate", float32 accumulation), what the results are compared against."""
+    import torch
+
+    def _adjust(self: Any, num_batches: Any, in_features: Any, num_classes: Any, dtype: Any, device: Any = None) -> Any:
+        if device is not None and torch.device(device).type == "tpu" and tpu_served_by_hf_tpu():
+            device = torch.device("cpu")
+        return orig(self, num_batches, in_features, num_classes, dtype, device)
+
+    return _adjust
