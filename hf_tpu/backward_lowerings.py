@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from hf_tpu import decomposed, lowering, op_registry
+from hf_tpu import decomposed, half_steps, lowering, op_registry
 from hf_tpu.grid_sampler import grid_sampler_float32
 from hf_tpu.op_registry import lowers
 
@@ -222,7 +222,15 @@ def _embedding_bag_per_sample_weights_backward(grad: Any, weight: Any, indices: 
     return prod.astype(grad.dtype)
 
 
-lowers(aten.avg_pool2d_backward.default, kind="backward")(_grad_of_self(aten.avg_pool2d.default))
+@lowers(aten.avg_pool2d_backward.default, kind="backward")
+def _avg_pool2d_backward(grad: Any, x: Any, *rest: Any) -> Any:
+    """Half inputs as CPU's kernel accumulates them, in the half type (half_steps); others the VJP."""
+    jnp = _jax().numpy
+    if grad.dtype in (jnp.float16, jnp.bfloat16):
+        return half_steps.avg_pool2d_backward(grad, x, *rest)
+    return _grad_of_self(aten.avg_pool2d.default)(grad, x, *rest)
+
+
 lowers(aten.avg_pool3d_backward.default, kind="backward")(_grad_of_self(aten.avg_pool3d.default))
 lowers(aten._adaptive_avg_pool2d_backward.default, kind="backward")(
     _adaptive_avg(aten._adaptive_avg_pool2d.default, 2))

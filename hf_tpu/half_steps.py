@@ -7,6 +7,8 @@ evaluation rounds once and so differs from CPU (found by tests/hf_tpu/op_parity.
   soft_margin_loss     -> neg_out(input).mul_(target).exp_().log1p_() on half tensors, then the reduction,
                           and its backward: -norm * target * z / (1 + z) * grad_output, each step rounded
   _trilinear           -> bilinear's kernel: two contractions (GEMMs), each rounded, slices added in turn
+  avg_pool2d_backward  -> cpu_avg_pool2d_backward: grad / divisor rounded, added to each window's inputs in turn
+                          (called by backward_lowerings for half gradients)
 
 Other dtypes keep torchax's lowering or PyTorch's decomposition.
 """
@@ -216,3 +218,57 @@ def _prod_dim(x: Any, dim: int, keepdim: bool = False, *, dtype: Any = None) -> 
     out = jax.lax.scan(lambda acc, v: (half_rounded(acc * v, half), None), jnp.ones(moved.shape[1:], jnp.float32),
                        moved)[0].astype(half)
     return jnp.expand_dims(out, dim) if keepdim else out
+
+
+def _pool_axis(out_size: int, in_size: int, k: int, stride: int, pad: int) -> tuple[np.ndarray, np.ndarray]:
+    """One axis of avg_pool2d's windows as CPU's kernel clips them: per output position (start, end) of the window
+    clipped to the input, and the window's length before that clip (clipped to input + padding only)."""
+    start = np.arange(out_size) * stride - pad
+    end_padded = np.minimum(start + k, in_size + pad)
+    return np.stack([np.maximum(start, 0), np.minimum(end_padded, in_size)]), end_padded - start
+
+
+def avg_pool2d_backward(grad: Any, x: Any, kernel_size: Any, stride: Any, padding: Any, ceil_mode: bool,
+                        count_include_pad: bool, divisor_override: Any) -> Any:
+    """CPU's avg_pool2d backward for half inputs (cpu_avg_pool2d_backward): per output position in (oh, ow)
+    order, `scalar_t grad_delta = grad_output / divide_factor` (rounded) is added (`+=`, rounded) to every input
+    element of its window. The float32 VJP rounds each input gradient once, 1 ulp off where several windows
+    overlap (local_response_norm's (size, 1) pool: 21 of 21 elements). An input element's contributions come in
+    increasing (oh, ow), that is decreasing window offset (kh, kw): the loop runs the offsets that way."""
+    jnp = _jax().numpy
+    half = grad.dtype
+    kh, kw = (tuple(kernel_size) * 2)[:2] if len(kernel_size) == 1 else tuple(kernel_size)
+    sh, sw = (kh, kw) if not stride else ((tuple(stride) * 2)[:2] if len(stride) == 1 else tuple(stride))
+    ph, pw = (tuple(padding) * 2)[:2] if len(padding) == 1 else tuple(padding)
+    h, w = x.shape[-2:]
+    oh, ow = grad.shape[-2:]
+    (hs, he), hpool = _pool_axis(oh, h, kh, sh, ph)
+    (ws, we), wpool = _pool_axis(ow, w, kw, sw, pw)
+    if divisor_override:
+        divisor = np.full((oh, ow), float(divisor_override))
+    elif count_include_pad:
+        divisor = np.outer(hpool, wpool).astype(np.float64)
+    else:
+        divisor = np.outer(he - hs, we - ws).astype(np.float64)
+    delta = half_rounded(grad.astype(jnp.float32) / jnp.asarray(divisor, jnp.float32), half)
+    gin = jnp.zeros((*x.shape[:-2], h, w), jnp.float32)
+    ih, iw = np.arange(h), np.arange(w)
+    for dh in reversed(range(kh)):
+        # output row whose window holds input row ih at offset dh: oh * sh - ph + dh == ih, inside the clip
+        num_h = ih + ph - dh
+        o_h = num_h // sh
+        ok_h = (num_h % sh == 0) & (o_h >= 0) & (o_h < oh)
+        o_h = np.clip(o_h, 0, max(oh - 1, 0))
+        ok_h &= (ih >= hs[o_h]) & (ih < he[o_h])
+        for dw in reversed(range(kw)):
+            num_w = iw + pw - dw
+            o_w = num_w // sw
+            ok_w = (num_w % sw == 0) & (o_w >= 0) & (o_w < ow)
+            o_w = np.clip(o_w, 0, max(ow - 1, 0))
+            ok_w &= (iw >= ws[o_w]) & (iw < we[o_w])
+            ok = np.outer(ok_h, ok_w)
+            if not ok.any():
+                continue
+            term = delta[..., o_h[:, None], o_w[None, :]]
+            gin = jnp.where(jnp.asarray(ok), half_rounded(gin + term, half), gin)
+    return gin.astype(half)
