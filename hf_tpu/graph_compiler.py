@@ -16,7 +16,8 @@ from torch.utils import _pytree as pytree
 
 from hf_tpu import (backward_lowerings, counters, dtypes, float8, fused, lowering, op_registry, precision, rng,
                     xla_options)
-from hf_tpu import decomposed, errors, graph_bool_index, graph_ident, graph_parity, host_copy, meta_kernels
+from hf_tpu import decomposed, errors, graph_bool_index, graph_ident, graph_outputs, graph_parity, host_copy
+from hf_tpu import meta_kernels
 from hf_tpu import tensor as T
 from hf_tpu.op_registry import lowers
 from hf_tpu.torchax_compat import load_op_table
@@ -295,6 +296,15 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: list[Any], options: 
     out_node = next(n for n in gm.graph.nodes if n.op == "output")
     out_vals = torch.fx.node.map_arg(out_node.args[0], lambda a: a.meta.get("val", _NO_META))
     out_leaves = pytree.tree_leaves(out_vals)
+    # outputs that are tpu inputs are handed back as they came in, not copied by the program (graph_outputs.py)
+    forwarded = {} if plan is not None else {
+        pos: i for pos, i in graph_outputs.forwarded_inputs(gm).items()
+        if i < len(example_inputs) and isinstance(example_inputs[i], torch.Tensor)
+        and example_inputs[i].device.type == "tpu"}
+    if forwarded and len(pytree.tree_leaves(out_node.args[0])) == len(out_leaves):
+        fn = graph_outputs.without_forwarded(fn, forwarded, bool(error_checks))
+    else:
+        forwarded = {}
     out_dtypes = [v.dtype if isinstance(v, torch.Tensor) else None for v in out_leaves]
     # a scalar output (an `.item()` value the graph returns) comes back as a Python number, as Dynamo expects
     out_scalar = [isinstance(v, _SYMBOLIC_SCALARS) for v in out_leaves]
@@ -343,6 +353,7 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: list[Any], options: 
                 jargs.append(T.value(a) if a.device.type == "tpu" else host_copy.from_cpu(a))
             else:
                 jargs.append(a)
+        kept = graph_outputs.kept_inputs(args, forwarded) if forwarded else None
         args.clear()  # boxed calling convention: let inputs be freed early
         if plan is not None:
             jargs, sizes, values = plan.pad(jargs)
@@ -378,6 +389,8 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: list[Any], options: 
                 dt = dt or dtypes.to_torch(x.dtype)
                 x = T.wrap(x, dt) if (on_tpu if tpu is None else tpu) else host_copy.to_cpu(x, dt)
             res.append(x)
+        if kept:
+            graph_outputs.put_back(res, kept)
         return list(pytree.tree_unflatten(res, spec))
 
     call._boxed_call = True  # type: ignore[attr-defined]

@@ -68,3 +68,35 @@ def test_partitioner_is_in_the_graph_cache_key(monkeypatch: pytest.MonkeyPatch) 
     finally:
         monkeypatch.undo()
         keys.versions.cache_clear()
+
+
+def test_forward_hands_back_the_parameters_it_saves(highest) -> None:  # noqa: ARG001 - float32 at IEEE
+    # A float32 linear layer's backward needs its weight: the forward graph returns the weight (an input) for the
+    # backward, and XLA copied it into an output buffer of its own in every step (graph_outputs.py); eager saves
+    # the parameter itself. The saved tensor is now the parameter, and the step's numbers are CPU's.
+    torch.manual_seed(0)
+    cpu = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.Tanh(), torch.nn.Linear(256, 8))
+    model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.Tanh(), torch.nn.Linear(256, 8))
+    model.load_state_dict(cpu.state_dict())
+    model = model.to("tpu")
+    x = torch.randn(32, 64)
+    fn = torch.compile(model, backend="tpu", options={"serializable": False})
+    saved: list[torch.Tensor] = []
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        saved.append(t)
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = fn(x.to("tpu"))
+    from hf_tpu import tensor
+
+    # the second layer's weight is saved (the first one's is not needed: x takes no gradient)
+    held = {id(tensor.value(t)) for t in saved if t.device.type == "tpu"}
+    assert id(tensor.value(model[2].weight)) in held, "the saved weight is a copy, not the parameter"
+    out.sum().backward()
+    ref = cpu(x)
+    ref.sum().backward()
+    torch.testing.assert_close(out.cpu(), ref, rtol=1e-5, atol=1e-5)
+    for p, q in zip(model.parameters(), cpu.parameters(), strict=True):
+        torch.testing.assert_close(p.grad.cpu(), q.grad, rtol=1e-5, atol=1e-5)
