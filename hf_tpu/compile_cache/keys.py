@@ -50,9 +50,10 @@ def _hf_tpu_code_digest() -> str:
     return sources_digest(Path(__file__).resolve().parents[1])
 
 
-# the hf_tpu sources (files, or packages: every .py inside) that shape a saved graph
+# the hf_tpu sources (files, or packages: every .py inside) that shape a saved graph; autocast.py's kernels and
+# meta_kernels.py's shapes and strides run while AOTAutograd traces, so their output is in the saved graph too
 KEYED_SOURCES = ("compile.py", "graph_compiler.py", "lowering.py", "patches", "compile_cache/serializable.py",
-                 "compile_cache/keys.py")
+                 "compile_cache/keys.py", "autocast.py", "meta_kernels.py")
 
 
 def sources_digest(root: Any) -> str:

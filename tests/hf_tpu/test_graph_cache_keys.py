@@ -111,6 +111,23 @@ def test_lowering_table_changes_the_key(model, monkeypatch) -> None:
     assert key(model) == base
 
 
+@pytest.mark.parametrize("source", ["autocast.py", "meta_kernels.py", "graph_compiler.py"])
+def test_sources_that_shape_the_traced_graph_are_keyed(tmp_path, source) -> None:
+    # run while AOTAutograd traces, so their changes are in a saved graph: autocast's kernels emit its casts,
+    # the meta kernels give its values' shapes and strides (not keyed before: a changed autocast policy was
+    # served its old casts from a warm cache)
+    import shutil
+    from pathlib import Path
+
+    root = Path(keys.__file__).resolve().parents[1]
+    copy = tmp_path / "hf_tpu"
+    shutil.copytree(root, copy, ignore=shutil.ignore_patterns("__pycache__", "*.so", "native"))
+    before = keys.sources_digest(copy)
+    with open(copy / source, "a") as f:
+        f.write("\n# changed\n")
+    assert keys.sources_digest(copy) != before
+
+
 def test_changed_source_makes_an_entry_stale() -> None:
     import inspect
 
