@@ -205,7 +205,7 @@ def zoo_report(per_entry: dict[str, dict[str, int]]) -> tuple[str, list[dict[str
     db = db_table()
     recorded = sum(1 for _ in DB_OPS.open()) if DB_OPS.exists() else 0
     eager = eager_journal()
-    compiled = _journal(REPORTS / "compiled-s1-run2.jsonl") or _journal(REPORTS / "compiled-s1.jsonl")  # complete, one code
+    compiled = _journal(REPORTS / "compiled-s1-run3.jsonl") or _journal(REPORTS / "compiled-s1.jsonl")  # complete, one code
     ops = sorted({op for c in per_entry.values() for op in c})
     rows = []
     for op in ops:
