@@ -25,7 +25,9 @@ buffer, under this mode in the train reference run). And `torch.full` with no dt
 value (its dtype is then the default one) makes float64: XGLM's attention and Kosmos-2's causal mask fill
 `torch.finfo(float64).min` that way ("value cannot be converted to type float without overflow"). Other
 factories relying on the default dtype are left alone: their float32 results are cast by the models that make
-them, and the default dtype itself would also reach rebuilt models' initialisation and draws.py.
+them, and the default dtype itself would also reach rebuilt models' initialisation and draws.py. Ops that
+compute in a dtype asked for by argument (softmax, log_softmax, sum, mean, cumsum, prod with `dtype=float32`)
+compute a float64 input in float64 (PPOCRV5's head: `F.softmax(x, dim=2, dtype=torch.float32)`).
 """
 
 from __future__ import annotations
@@ -71,6 +73,9 @@ class _Float64Kernels(TorchFunctionMode):
             return grouped_mm(*args, **kwargs)
         if func in _FACTORIES and kwargs.get("dtype") is torch.float32 or _default_float_full(func, args, kwargs):
             kwargs = {**kwargs, "dtype": torch.float64}
+        elif func in _DTYPE_ARG and kwargs.get("dtype") is torch.float32 and args and \
+                isinstance(args[0], torch.Tensor) and args[0].dtype == torch.float64:
+            kwargs = {**kwargs, "dtype": torch.float64}
         elif func in _CASTS and args and isinstance(args[0], torch.Tensor) and (
                 args[0].dtype == torch.float64 or not (args[0].is_floating_point() or args[0].is_complex())):
             func, args, kwargs = _keep_float64(func, args, kwargs)
@@ -100,6 +105,13 @@ _CASTS = {torch.Tensor.float, torch.Tensor.to, torch.Tensor.type}
 _FACTORIES = {torch.zeros, torch.ones, torch.full, torch.zeros_like, torch.ones_like, torch.full_like, torch.arange,
               torch.linspace, torch.logspace, torch.eye, torch.tensor, torch.as_tensor, torch.Tensor.new_zeros,
               torch.Tensor.new_ones, torch.Tensor.new_full, torch.Tensor.new_tensor}
+# ops computing in the dtype they are asked for: PPOCRV5's head takes `F.softmax(x, dim=2, dtype=torch.float32)`
+# of a uniform distribution, whose loss gradient is zero in exact arithmetic; computed in float32 the float64
+# run kept float32's rounding residue (1e-29..1e-14) as its "exact" gradients, so none were known null and
+# tpu's exact zeros failed every gradient
+_DTYPE_ARG = {torch.nn.functional.softmax, torch.nn.functional.log_softmax, torch.softmax, torch.log_softmax,
+              torch.Tensor.softmax, torch.Tensor.log_softmax, torch.sum, torch.Tensor.sum, torch.mean,
+              torch.Tensor.mean, torch.cumsum, torch.Tensor.cumsum, torch.prod, torch.Tensor.prod}
 _TAKEN = {torch._grouped_mm, *([torch.nn.functional.grouped_mm] if hasattr(torch.nn.functional, "grouped_mm")
                                else [])}
 

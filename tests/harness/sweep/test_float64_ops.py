@@ -4,7 +4,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from harness.sweep import float64_ops
+from harness.sweep import float64_ops, train
 
 OFFS = torch.tensor([8, 8, 24], dtype=torch.int32)  # an empty group among them
 
@@ -130,7 +130,6 @@ def test_an_integer_tensor_cast_to_float32_makes_float64_within_kernels():
     of a grid_sample over the float64 position embedding: the float64 run raised "expected scalar type Double
     but found Float" (Glm4v, Glm46V: no reference). Within kernels() such a cast makes float64 (integers are
     exact in both); a float32 tensor's cast and casts outside are PyTorch's own."""
-    import torch.nn.functional as F
 
     sizes = torch.tensor([[1, 4, 4]])
     table = torch.randn(1, 3, 4, 4, dtype=torch.float64)
@@ -143,3 +142,27 @@ def test_an_integer_tensor_cast_to_float32_makes_float64_within_kernels():
         assert torch.randn(2).to(torch.float32).dtype == torch.float32
         assert sizes.to(torch.float16).dtype == torch.float16 and sizes.long().dtype == torch.int64
     assert sizes.to(torch.float32).dtype == torch.float32
+
+
+def test_an_op_asked_for_float32_computes_float64_within_kernels():
+    """PPOCRV5's head: `F.softmax(x, dim=2, dtype=torch.float32).to(x.dtype)` of equal logits (its output is
+    uniform) and the train phase's loss mean(p ** 2): the gradient is zero in exact arithmetic. Computed in
+    float32 the float64 run kept float32's rounding residue as its gradients, none was known null, and tpu's
+    exact zeros failed all 575 of them."""
+
+    x = torch.zeros(2, 3, 18385, dtype=torch.float64, requires_grad=True)
+    y = torch.zeros(2, dtype=torch.float32)
+    with float64_ops.kernels():
+        p = F.softmax(x, dim=2, dtype=torch.float32)
+        assert p.dtype == torch.float64
+        p.to(x.dtype).pow(2).mean().backward()
+        assert x.softmax(-1, dtype=torch.float32).dtype == torch.float64
+        assert torch.sum(x, dtype=torch.float32).dtype == torch.float64
+        assert x.float().sum(dtype=torch.float16).dtype == torch.float16  # another dtype asked for: kept
+        assert F.softmax(x.float(), dim=2, dtype=torch.float32).dtype == torch.float64  # .float() stays float64
+        assert F.softmax(y, dim=0, dtype=torch.float32).dtype == torch.float32  # a float32 input: float32
+    x32 = torch.zeros(2, 3, 18385, dtype=torch.float32, requires_grad=True)
+    F.softmax(x32, dim=2, dtype=torch.float32).pow(2).mean().backward()
+    # null by the train rule: float64's residue is below NULL_GRADIENT of float32's (was equal to it)
+    assert x.grad.norm().item() <= train.NULL_GRADIENT * x32.grad.norm().item()
+    assert F.softmax(x.detach(), dim=2, dtype=torch.float32).dtype == torch.float32  # outside: PyTorch's own
