@@ -296,11 +296,10 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: list[Any], options: 
     out_node = next(n for n in gm.graph.nodes if n.op == "output")
     out_vals = torch.fx.node.map_arg(out_node.args[0], lambda a: a.meta.get("val", _NO_META))
     out_leaves = pytree.tree_leaves(out_vals)
-    # outputs that are tpu inputs are handed back as they came in, not copied by the program (graph_outputs.py)
-    forwarded = {} if plan is not None else {
-        pos: i for pos, i in graph_outputs.forwarded_inputs(gm).items()
-        if i < len(example_inputs) and isinstance(example_inputs[i], torch.Tensor)
-        and example_inputs[i].device.type == "tpu"}
+    # outputs that are inputs are handed back as they came in, not copied by the program (graph_outputs.py).
+    # Decided from the graph alone: a graph loaded from the cache (meta example inputs) must trace the same
+    # program as the one that saved its executable under the same ident.
+    forwarded = {} if plan is not None else graph_outputs.forwarded_inputs(gm)
     if forwarded and len(pytree.tree_leaves(out_node.args[0])) == len(out_leaves):
         fn = graph_outputs.without_forwarded(fn, forwarded, bool(error_checks))
     else:
