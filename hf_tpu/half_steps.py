@@ -228,6 +228,17 @@ def _pool_axis(out_size: int, in_size: int, k: int, stride: int, pad: int) -> tu
     return np.stack([np.maximum(start, 0), np.minimum(end_padded, in_size)]), end_padded - start
 
 
+def _window_of(idx: np.ndarray, d: int, pad: int, stride: int, n_out: int, starts: np.ndarray,
+               ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Along one axis: the output position whose window holds input position `idx` at offset `d`
+    (out * stride - pad + d == idx), clipped into range, and whether that window really holds it."""
+    num = idx + pad - d
+    out = num // stride
+    ok = (num % stride == 0) & (out >= 0) & (out < n_out)
+    out = np.clip(out, 0, max(n_out - 1, 0))
+    return out, ok & (idx >= starts[out]) & (idx < ends[out])
+
+
 def avg_pool2d_backward(grad: Any, x: Any, kernel_size: Any, stride: Any, padding: Any, ceil_mode: bool,
                         count_include_pad: bool, divisor_override: Any) -> Any:
     """CPU's avg_pool2d backward for half inputs (cpu_avg_pool2d_backward): per output position in (oh, ow)
@@ -254,18 +265,9 @@ def avg_pool2d_backward(grad: Any, x: Any, kernel_size: Any, stride: Any, paddin
     gin = jnp.zeros((*x.shape[:-2], h, w), jnp.float32)
     ih, iw = np.arange(h), np.arange(w)
     for dh in reversed(range(kh)):
-        # output row whose window holds input row ih at offset dh: oh * sh - ph + dh == ih, inside the clip
-        num_h = ih + ph - dh
-        o_h = num_h // sh
-        ok_h = (num_h % sh == 0) & (o_h >= 0) & (o_h < oh)
-        o_h = np.clip(o_h, 0, max(oh - 1, 0))
-        ok_h &= (ih >= hs[o_h]) & (ih < he[o_h])
+        o_h, ok_h = _window_of(ih, dh, ph, sh, oh, hs, he)
         for dw in reversed(range(kw)):
-            num_w = iw + pw - dw
-            o_w = num_w // sw
-            ok_w = (num_w % sw == 0) & (o_w >= 0) & (o_w < ow)
-            o_w = np.clip(o_w, 0, max(ow - 1, 0))
-            ok_w &= (iw >= ws[o_w]) & (iw < we[o_w])
+            o_w, ok_w = _window_of(iw, dw, pw, sw, ow, ws, we)
             ok = np.outer(ok_h, ok_w)
             if not ok.any():
                 continue
