@@ -31,6 +31,15 @@ def _user_cache() -> Path:
     return Path(base) / "hf_tpu"
 
 
+def native_build_dir() -> Path:
+    """Where hf-tpu's JIT-built C++ (native/hooks.cpp, native/torch_dot.cpp) is kept: $TORCH_EXTENSIONS_DIR
+    (PyTorch's own setting for JIT-built extensions), else ~/.cache/hf_tpu/native. Not under $HF_TPU_CACHE_DIR:
+    benchmarks and tests point that at empty directories to measure cold compile caches, and each would pay for
+    a rebuild of these libraries that has nothing to do with them."""
+    env = os.environ.get("TORCH_EXTENSIONS_DIR")
+    return Path(env).expanduser() if env else _user_cache() / "native"
+
+
 def cache_dir() -> Path:
     """Where compiled XLA programs persist: $HF_TPU_CACHE_DIR, else the per-user cache directory."""
     env = _env(CACHE_ENV, TORCH_TPU_TIER2_ENV)

@@ -62,9 +62,7 @@ def _load() -> ctypes.CDLL:
     from torch.utils import cpp_extension
 
     name = _module_name()
-    # native.build_dir()'s place (that module sits in a higher layer): $TORCH_EXTENSIONS_DIR, else the user cache
-    env = os.environ.get("TORCH_EXTENSIONS_DIR")
-    directory = (Path(env).expanduser() if env else runtime._user_cache() / "native") / name
+    directory = runtime.native_build_dir() / name
     path, done = directory / f"{name}.so", directory / "built"
     if not done.exists():
         directory.mkdir(parents=True, exist_ok=True)

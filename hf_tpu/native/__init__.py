@@ -75,16 +75,6 @@ class _Callbacks:
 _CALLBACKS = _Callbacks()
 
 
-def build_dir() -> Path:
-    """$TORCH_EXTENSIONS_DIR (PyTorch's own setting for JIT-built extensions), else ~/.cache/hf_tpu/native.
-    Not under $HF_TPU_CACHE_DIR: benchmarks and tests point that at empty directories to measure cold
-    compile caches, and each would pay for a rebuild of this library that has nothing to do with them."""
-    from hf_tpu import runtime
-
-    env = os.environ.get("TORCH_EXTENSIONS_DIR")
-    return Path(env).expanduser() if env else runtime._user_cache() / "native"
-
-
 def _module_name() -> str:
     import torch
 
@@ -119,7 +109,9 @@ def load() -> ctypes.PyDLL | None:
         return None
     try:
         name = _module_name()
-        directory = build_dir() / name
+        from hf_tpu import runtime
+
+        directory = runtime.native_build_dir() / name
         path = directory / f"{name}.so"
         done = directory / "built"  # written after a build loaded: a half-linked library is never used
         if not done.exists():
