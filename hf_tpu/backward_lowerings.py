@@ -222,13 +222,16 @@ def _embedding_bag_per_sample_weights_backward(grad: Any, weight: Any, indices: 
     return prod.astype(grad.dtype)
 
 
+_avg_pool2d_vjp = _grad_of_self(aten.avg_pool2d.default)
+
+
 @lowers(aten.avg_pool2d_backward.default, kind="backward")
 def _avg_pool2d_backward(grad: Any, x: Any, *rest: Any) -> Any:
     """Half inputs as CPU's kernel accumulates them, in the half type (half_steps); others the VJP."""
     jnp = _jax().numpy
     if grad.dtype in (jnp.float16, jnp.bfloat16):
         return half_steps.avg_pool2d_backward(grad, x, *rest)
-    return _grad_of_self(aten.avg_pool2d.default)(grad, x, *rest)
+    return _avg_pool2d_vjp(grad, x, *rest)
 
 
 lowers(aten.avg_pool3d_backward.default, kind="backward")(_grad_of_self(aten.avg_pool3d.default))
