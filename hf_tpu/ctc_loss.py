@@ -21,10 +21,23 @@ from hf_tpu.op_registry import lowers
 aten = torch.ops.aten
 
 
-def _jnp() -> Any:
+def _jax() -> Any:
     from hf_tpu import runtime
 
-    return runtime.jax().numpy
+    return runtime.jax()
+
+
+def _jnp() -> Any:
+    return _jax().numpy
+
+
+def _skips(ext: Any, blank: int) -> Any:
+    """(N, width) whether state s may also be entered from s-2: l'(s) is a label other than l'(s-2)."""
+    jnp = _jnp()
+    skip = jnp.zeros(ext.shape, bool)
+    if ext.shape[1] > 2:
+        skip = skip.at[:, 2:].set((ext[:, 2:] != blank) & (ext[:, 2:] != ext[:, :-2]))
+    return skip
 
 
 def _extended(targets: Any, target_lengths: list[int], blank: int, width: int) -> tuple[Any, Any]:
@@ -40,10 +53,7 @@ def _extended(targets: Any, target_lengths: list[int], blank: int, width: int) -
         lab = jnp.full((width,), blank, dtype=jnp.int32)
         rows.append(lab.at[1:2 * tl:2].set(row.astype(jnp.int32)))
     ext = jnp.stack(rows) if n else jnp.zeros((0, width), jnp.int32)
-    skip = jnp.zeros((n, width), bool)
-    if width > 2:
-        skip = skip.at[:, 2:].set((ext[:, 2:] != blank) & (ext[:, 2:] != ext[:, :-2]))
-    return ext, skip
+    return ext, _skips(ext, blank)
 
 
 def _logsumexp3(a: Any, b: Any, c: Any) -> Any:
@@ -56,7 +66,7 @@ def _logsumexp3(a: Any, b: Any, c: Any) -> Any:
 
 def _alpha(lp: Any, ext: Any, skip: Any, input_lengths: list[int], target_lengths: list[int]) -> Any:
     """log_alpha (N, T, width): -inf outside each sequence's states and times."""
-    jax = __import__("jax")
+    jax = _jax()
     jnp = _jnp()
     n, width = ext.shape
     t_max = lp.shape[0]
@@ -103,25 +113,23 @@ def ctc_loss(log_probs: Any, targets: Any, input_lengths: list[int], target_leng
 @lowers(aten._ctc_loss_backward.default, kind="backward")
 def ctc_loss_backward(grad: Any, log_probs: Any, targets: Any, input_lengths: list[int], target_lengths: list[int],
                       neg_log_likelihood: Any, log_alpha: Any, blank: int, zero_infinity: bool = False) -> Any:
-    jax = __import__("jax")
+    jax = _jax()
     jnp = _jnp()
     input_lengths, target_lengths = [int(v) for v in input_lengths], [int(v) for v in target_lengths]
     t_max, n, c = log_probs.shape
     width = log_alpha.shape[2]
-    ext, skip = _extended(targets, target_lengths, blank, width)
+    ext, _ = _extended(targets, target_lengths, blank, width)
     # beta runs the recursion on time and states reversed: per sequence, time il-1..0 and states 2tl..0
     rev_t = jnp.clip(jnp.array(input_lengths)[:, None] - 1 - jnp.arange(t_max)[None, :], 0, t_max - 1)  # (N, T)
     tl2 = 2 * jnp.array(target_lengths)
     rev_s = jnp.clip(tl2[:, None] - jnp.arange(width)[None, :], 0, width - 1)  # (N, width)
     lp_rev = jnp.take_along_axis(jnp.swapaxes(log_probs, 0, 1), rev_t[:, :, None], axis=1)  # (N, T, C)
     ext_rev = jnp.take_along_axis(ext, rev_s, axis=1)
-    skip_rev = jnp.zeros_like(skip)
-    if width > 2:  # entering s from s+2 backwards: l'(s) differs from l'(s+2) and is a label
-        skip_rev = skip_rev.at[:, 2:].set((ext_rev[:, 2:] != blank) & (ext_rev[:, 2:] != ext_rev[:, :-2]))
+    skip_rev = _skips(ext_rev, blank)  # entering s from s+2 backwards: l'(s) differs from l'(s+2) and is a label
     beta_rev = _alpha(jnp.swapaxes(lp_rev, 0, 1), ext_rev, skip_rev, input_lengths, target_lengths)
-    # back to time t and state s: beta[t, s] = beta_rev[il-1-t, 2tl-s], -inf where t >= il or s > 2tl
-    back_t = jnp.clip(jnp.array(input_lengths)[:, None] - 1 - jnp.arange(t_max)[None, :], 0, t_max - 1)
-    beta = jnp.take_along_axis(beta_rev, back_t[:, :, None], axis=1)
+    # back to time t and state s: beta[t, s] = beta_rev[il-1-t, 2tl-s] (each reversal is its own inverse),
+    # -inf where t >= il or s > 2tl
+    beta = jnp.take_along_axis(beta_rev, rev_t[:, :, None], axis=1)
     beta = jnp.take_along_axis(beta, rev_s[:, None, :], axis=2)
     valid_t = jnp.arange(t_max)[None, :] < jnp.array(input_lengths)[:, None]
     valid_s = jnp.arange(width)[None, :] <= tl2[:, None]
