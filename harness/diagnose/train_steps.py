@@ -23,6 +23,7 @@ import torch
 
 from harness.sweep import emulate, float64_ops, numerics, train_weights
 from harness.sweep import train as T
+from harness.sweep.train_spread import sample_seed
 from hf_tpu.precision import cpu_reference
 
 
@@ -100,7 +101,7 @@ def verdict(runs: Runs, built: Any, entry: Any, steps: int, dtype: Any, seed: in
     def spread(i: int) -> dict | None:
         return T.nudged(built, entry, SimpleNamespace(train_steps=steps, seed=seed), dtype, rebuild,
                         lambda: emulate.matmul_precision(precision), tol.data_dependent, runs.null,
-                        T.NUDGE_SEEDS[i])
+                        sample_seed(i))
     return T.judge(_tensors(runs.ref, runs.null), _tensors(runs.tpu, runs.null), _tensors(runs.fp64, runs.null),
                    tol, runs.allow, _tensors(runs.noisy_fp64, runs.null), spread, steps)
 

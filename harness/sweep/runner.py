@@ -26,7 +26,7 @@ from harness.entry_calls import (  # noqa: F401  (re-exported: repro scripts wri
 )
 from harness.schema import SCHEMA_VERSION
 from harness.sweep import (control, draws, emulate, float64_ops, informative, numerics, perf, tensor_parallel, ties,
-                           train, train_control, train_weights)
+                           train, train_control, train_spread, train_weights)
 from harness.sweep.device import Device, backend_phase
 from harness.sweep.options import SweepOptions
 from hf_tpu.precision import cpu_reference
@@ -294,7 +294,7 @@ def run_train_phase(entry, built, modes: tuple[str, ...], opts: SweepOptions, de
             emit("phase", "train-spread")
             second[i] = train.nudged(built, entry, opts, dtype, rebuild,
                                      lambda: emulate.matmul_precision(opts.precision), tol.data_dependent, null,
-                                     train.NUDGE_SEEDS[i])
+                                     train_spread.sample_seed(i))
             emit("phase", f"train-{mode}")
         return second[i]
     allow = train_weights.allowances(ref, fp64, tol, opts.train_steps, train.LR)

@@ -46,6 +46,10 @@ runs and the status is the backend's:
     subnormal   a `pass` with a branch scaled so far down that its weight's gradient sums float32 subnormal
                 products to values near float32's smallest normal: CPU keeps the subnormal terms, tpu flushes them
                 to zero as a TPU does (DeepSeek-OCR2's SAM encoder); a gradient of that size is null (train.py)
+    flushsum    `subnormal` with the branch's weight gradient a contraction of 1024 subnormal products, summing to
+                ~100x float32's smallest normal in float64 and on CPU, and to zero on tpu, which flushes each
+                product (GotOcr2's relative-position table): a pass judged against CPU with flush-to-zero, the
+                float32 a TPU computes (train_spread.py), and uninformative
 
 With HF_TPU_SWEEP_TEST_LOG=path each build appends "<entry_id> <pid>" to that file (exactly-once tests).
 """
@@ -63,14 +67,14 @@ from harness.zoo.entry import ZooEntry
 
 KINDS = ("pass", "raise", "compile", "abort", "sleep", "oom", "perturb", "baseline", "missing", "slow", "opaque",
          "stateful", "recompile", "nullgrad", "pipeline", "tracediff", "numpy", "zerobias", "nullmove", "residue",
-         "subnormal")
+         "subnormal", "flushsum")
 DEFAULT_SET = ("pass", "raise", "compile", "abort", "sleep", "oom", "perturb", "baseline", "missing")
 EXPECTED_STATUS = {
     "pass": "pass", "raise": "fail_to_run", "compile": "compile_fail", "abort": "crash", "sleep": "timeout",
     "oom": "oom", "perturb": "fail_accuracy", "baseline": "baseline_fail", "missing": "not_available",
     "slow": "pass", "opaque": "compile_fail", "stateful": "pass",
     "recompile": "pass", "nullgrad": "pass", "pipeline": "pass", "tracediff": "fail_accuracy", "numpy": "pass",
-    "zerobias": "pass", "nullmove": "pass", "residue": "pass", "subnormal": "pass",
+    "zerobias": "pass", "nullmove": "pass", "residue": "pass", "subnormal": "pass", "flushsum": "pass",
 }
 _SPEC_RE = re.compile(r"^([a-z]+)(?:\*(\d+))?$")
 
@@ -151,7 +155,7 @@ def _make_model(kind: str):
                 nn.init.zeros_(self.mix.bias)
             if kind == "residue":
                 self.query, self.key = nn.Linear(32, 32), nn.Linear(32, 32)
-            if kind == "subnormal":
+            if kind in ("subnormal", "flushsum"):
                 self.tiny = nn.Linear(32, 8, bias=False)
 
         def forward(self, x):
@@ -174,6 +178,10 @@ def _make_model(kind: str):
                 # float32's smallest normal in 4 elements (column 0), float64 RMS 0.23x it (measured)
                 u = torch.cat([h[:, :1] * 300.0, torch.zeros_like(h[:, 1:])], 1)
                 out = out + self.tiny(u * 1e-19) * 1e-19
+            if kind == "flushsum":  # dW = (g * 5e-19)^T (u * 5e-19) over 1024 rows (the batch 256 times over):
+                # each product ~1e-39 (subnormal), their sum ~1e-36
+                u = h.repeat(256, 1) * 5e-19
+                out = out + (self.tiny(u) * 5e-19).view(256, *out.shape).sum(0)
             if kind in ("zerobias", "residue"):
                 out = out * 100.0  # gradients ~1e2: their float32 noise (~1e-6) is far above AdamW's eps (1e-8)
             if kind == "nullmove":  # |0|'s gradient is 0: the pull adds nothing to the key bias's gradient at first

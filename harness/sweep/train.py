@@ -49,7 +49,7 @@ from typing import Any
 from harness.core import errors
 from harness.entry_calls import compile_call, failure_status, output_tensors, prepare_inputs, prepare_model
 from harness.sweep import draws, numerics, perf, train_weights
-from harness.sweep.train_spread import NUDGE_SEEDS, near_bound, within_spread
+from harness.sweep.train_spread import FLUSH, NUDGE_SEEDS, flush_reach, flushing, near_bound, within_spread
 
 LR = 1e-4  # small: Adam's update is ~lr per element whatever the gradient, so weights stay comparable
 # A float64 gradient this many times smaller than the float32 one is zero in exact arithmetic: float64's
@@ -389,7 +389,7 @@ def judge(ref: dict, res: dict, fp64: dict | None, tol: numerics.Tolerance, allo
     """The rule on a train row's tensors (run_train's arguments; `res` without the null parameters): (the
     comparison, why the row is an uninformative pass: '' when it is not). The sweep's row and `hf-tpu diagnose
     --phase train` judge through this one function, so the two agree. `spread(i)`: the i-th nudged run (seed
-    NUDGE_SEEDS[i]), asked for only when the rule fails and a float64 run (valid or noisy) can judge float32's
+    NUDGE_SEEDS[i]; i = FLUSH: the flush-to-zero run, first, when train_spread.flush_reach), asked for only when the rule fails and a float64 run (valid or noisy) can judge float32's
     spread; the second and third only while the row stays near its bound (train_spread.py)."""
     # both float32 sides' final weights less what AdamW can make of their gradients' rounding: what is left
     # of the baseline's distance from float64 bounds tpu's (its raw distance would excuse a wrong update)
@@ -405,12 +405,18 @@ def judge(ref: dict, res: dict, fp64: dict | None, tol: numerics.Tolerance, allo
     if noisy_fp64:
         return cmp, rounding_dominated(ref, res, noisy_fp64, tol, steps, sample(0))
     samples: list[dict] = []
-    for i in range(len(NUDGE_SEEDS)):  # more samples of float32's spread only while the row is near its bound
+    # a tensor small enough for flushed subnormals to decide it: float32 as a TPU computes it first
+    flushed = flush_reach(ref, res, fp64, tol, allow or {})
+    order = [FLUSH] * flushed + list(range(len(NUDGE_SEEDS)))
+    for i in order:  # more samples of float32's spread only while the row is near its bound
         s = sample(i)
         if s is None:
+            if i == FLUSH:
+                flushed = False
+                continue
             break
         samples.append(s)
-        dominated = within_spread(ref, res, fp64, tol, allow or {}, samples)
+        dominated = within_spread(ref, res, fp64, tol, allow or {}, samples, flushed)
         if dominated or not near_bound(ref, res, fp64, tol, allow or {}, samples):
             break
     return cmp, dominated
@@ -456,14 +462,15 @@ def _nudge(params: Sequence[Any], seed: int) -> None:
 
 
 def nudged(built: Any, entry: Any, opts: Any, dtype: Any, rebuild: Callable | None, context: Callable | None,
-           exclude: tuple[str, ...], null: Sequence[str], seed: int = NUDGE_SEED) -> dict | None:
+           exclude: tuple[str, ...], null: Sequence[str], seed: int | str = NUDGE_SEED) -> dict | None:
     """The CPU baseline run again from weights nudged by one ulp (_nudge), the `null` parameters frozen as
     in every run: float32's second sample, for a row whose float64 reference was refused for the baseline's
-    own distance from it (rounding_dominated). Its tensors without the null ones, or None if it raises."""
+    own distance from it (rounding_dominated). `seed` FLUSH: not nudged but run with subnormals flushed to
+    zero (train_spread.flush_to_zero). Its tensors without the null ones, or None if it raises."""
     try:
         got = run_steps(built, entry, None, getattr(opts, "train_steps", 3), dtype, opts.seed, rebuild,
-                        context=context, exclude=exclude, freeze=list(null), nudge=seed)
-    except StepError:
+                        context=flushing(context) if seed == FLUSH else context, exclude=exclude, freeze=list(null), nudge=None if seed == FLUSH else seed)
+    except StepError:  # a CPU without flush-to-zero raises it in the step's context: no such sample
         return None
     return without(got["tensors"], list(null))
 

@@ -462,7 +462,12 @@ def test_a_gradient_below_float32s_normal_range_is_null_not_a_false_alarm(tmp_pa
     assert row["status"] == "pass", row
     assert "below float32's normal range (tiny.weight)" in row["error_message"], row
     monkeypatch.setattr(train, "SUBNORMAL", 0.0)
-    row = _train_rows("subnormal", tmp_path / "judged")["eager"]
+    row = _train_rows("subnormal", tmp_path / "judged")["eager"]  # judged: CPU with flush-to-zero explains it
+    assert row["status"] == "pass" and "flushed to zero" in row["uninformative"], row
+    from harness.sweep import train_spread
+
+    monkeypatch.setattr(train_spread, "FLUSH_REACH", 0.0)
+    row = _train_rows("subnormal", tmp_path / "unexplained")["eager"]
     assert row["status"] == "fail_accuracy" and "tiny.weight" in row["error_message"], row
 
 
@@ -471,3 +476,34 @@ def test_the_subnormal_bound_is_float32s_smallest_normal():
     import torch
 
     assert train.SUBNORMAL == torch.finfo(torch.float32).tiny
+
+
+def test_a_gradient_summed_from_flushed_products_is_judged_against_cpu_with_flush_to_zero(tmp_path, monkeypatch):
+    """GotOcr2's SAM relative-position table: a weight gradient of float64 size ~1e-36, a contraction of many
+    products below float32's smallest normal. tpu flushes each product, as a TPU does, and gives ~zero; CPU keeps
+    them and is exact. Beyond the elementwise flush allowance, so the rule fails it; CPU with flush-to-zero (the
+    float32 a TPU computes) lands as far from float64 as tpu, so the row is an uninformative pass saying so.
+    Without the flush sample (as before train_spread.FLUSH) the row fails."""
+    from harness.sweep import train_spread
+
+    row = _train_rows("flushsum", tmp_path)["eager"]
+    assert row["status"] == "pass", row
+    assert "tiny.weight" in row["uninformative"] and "flushed to zero" in row["uninformative"], row
+    monkeypatch.setattr(train_spread, "FLUSH_REACH", 0.0)  # no tensor is small enough: no flush sample
+    row = _train_rows("flushsum", tmp_path / "judged")["eager"]
+    assert row["status"] == "fail_accuracy" and "tiny.weight" in row["error_message"], row
+
+
+def test_the_flush_sample_flushes_subnormal_products_on_cpu():
+    """train_spread.flush_to_zero: a CPU matmul of operands whose products are subnormal gives zeros inside it
+    and CPU's exact sums outside it (the flag restored, and the thread count)."""
+    import torch
+
+    from harness.sweep import train_spread
+
+    a, b = torch.full((4, 64), 1e-19), torch.full((64, 4), 1e-19)  # products 1e-38 < tiny, sums 6.4e-37
+    threads = torch.get_num_threads()
+    with train_spread.flush_to_zero():
+        inside = a @ b
+    assert torch.count_nonzero(inside) == 0 and torch.get_num_threads() == threads
+    assert torch.allclose(a @ b, torch.full((4, 4), 6.4e-37), rtol=1e-5, atol=0)
