@@ -202,6 +202,11 @@ def run_steps(built: Any, entry: Any, device: str | None, steps: int, dtype: Any
         stage = f"step {k} forward"
         with contextlib.ExitStack() as stack:
             try:
+                # train() then eval() drops what a model caches across calls in eval mode, Transformers' own way
+                # (LeViT's attention biases: an indexed parameter whose graph step 1's backward frees; the
+                # build's no_grad calibration forwards had left one without any gradient in the CPU baseline)
+                model.train()
+                model.eval()
                 stack.enter_context(ctx())
                 stack.enter_context(draws.shared_draws(seed))  # a forward's random draws: one seeded CPU stream
                 torch.manual_seed(seed)

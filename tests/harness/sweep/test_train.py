@@ -507,3 +507,21 @@ def test_the_flush_sample_flushes_subnormal_products_on_cpu():
         inside = a @ b
     assert torch.count_nonzero(inside) == 0 and torch.get_num_threads() == threads
     assert torch.allclose(a @ b, torch.full((4, 4), 6.4e-37), rtol=1e-5, atol=0)
+
+
+def test_levit_trains_without_its_eval_mode_cache(tmp_path):
+    """LeViT caches its attention biases in eval mode: the build's calibration forwards left a no-grad copy in
+    the built model, so the CPU baseline's attention biases got no gradient, while tpu built its own cache at
+    step 1 and its step-2 backward met step 1's freed graph ("backward through the graph a second time",
+    fail_to_run on tpu, eager and compiled, in the full-zoo sweep). Each step now starts with train() then
+    eval(), which clears it (Transformers' own way), so every step builds its biases afresh."""
+    from harness.sweep.entries import load_entries
+
+    opts = SweepOptions(zoo="full", device="tpu", out=str(tmp_path / "run"), run_id="t", timeout=300,
+                        memory_cap_gb=4, progress="none", repeats=1, precision="highest", phases=("train",),
+                        match="^transformers/levit/LevitModel$")
+    (entry,) = load_entries(opts)
+    events = []
+    run_entry(entry, ("eager",), opts, get_device("tpu"), lambda k, p: events.append((k, p)))
+    (row,) = [p for k, p in events if k == "row"]
+    assert row["status"] == "pass", row
