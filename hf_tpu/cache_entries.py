@@ -45,6 +45,24 @@ def write(path: Path, magic: bytes, payload: bytes, warn: Warn) -> bool:
     return write_raw(path, magic + hashlib.sha256(payload).digest() + payload, warn)
 
 
+def link(source: Path, path: Path) -> bool:
+    """Makes `path` name the entry at `source` (a hard link, made under a temporary name and renamed, as
+    write_raw does); False when it cannot be made (no such entry, a file system without hard links, a
+    directory that cannot be written): the caller then writes a copy."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.parent / f".tmp-link-{os.urandom(8).hex()}"  # a fresh name: os.link does not overwrite
+        os.link(source, tmp)
+        try:
+            os.replace(tmp, path)
+        except BaseException:
+            os.unlink(tmp)
+            raise
+        return True
+    except OSError:  # the caller's copy (write) warns when the directory cannot be written
+        return False
+
+
 def write_raw(path: Path, data: bytes, warn: Warn) -> bool:
     """Writes `data` to `path` through a temporary file and a rename: a concurrent reader (another process
     of a sweep) sees the old file or the new one, never half of one."""

@@ -6,22 +6,23 @@ the cache, and a sweep worker pays that again for every op program it meets (~12
 program warm, against ~4 ms to load a serialized executable; measured with jax 0.10.2 on this machine).
 Here a program is named before it is traced: the caller gives an `ident`, a string that determines the
 traced function completely (eager ops: the op, its static arguments, the precision and default dtype), and
-each call's executable is stored under a key made of
-
-- the ident, the compile variant (fast compile or XLA's full optimisation, xla_options.py) and its
-  compiler options;
-- the call's abstract arguments: shape, dtype, weak type, and the devices they are on;
-- the environment (`environment()`): Python, torch, JAX, jaxlib, torchax and numpy versions, the JAX backend
-  and its devices, JAX's trace-affecting configuration, XLA_FLAGS and hf-tpu's own environment variables,
-  and a digest of every hf_tpu source file (a lowering calls helpers anywhere in the package: any change to
-  it makes every entry a miss, which costs one cold run, never a wrong program).
+each call's executable is stored under an ident key (executable_keys.py) made of the ident, the compile
+variant (fast compile or XLA's full optimisation, xla_options.py) and its compiler options, the call's
+abstract arguments (shape, dtype, weak type, devices) and the environment: versions, backend and devices,
+JAX's trace-affecting configuration, XLA_FLAGS and hf-tpu's variables, and a digest of every hf_tpu source
+file (a lowering calls helpers anywhere in the package).
 
 A hit deserializes the executable (jax.experimental.serialize_executable) and runs it: no tracing, no
-lowering. A miss traces, lowers and compiles as before, with JAX's persistent cache off for that one
+lowering. On a miss the program is traced and lowered, and then looked up again by its lowered key
+(executable_keys.py: the lowered program, what JAX keeps beside it, the same variant, options and arguments,
+the environment without the sources): any commit to hf_tpu misses every ident key, and this second lookup
+serves every program whose lowering the commit left unchanged without an XLA compile, and names the entry
+by the new ident key too (a hard link: no second copy on disk), so the next process skips the tracing as well.
+Only when both miss is the program compiled, with JAX's persistent cache off for that one
 compile (an executable JAX loaded from its own cache serializes without its kernels: calling it after
-deserializing failed with "Function ..._kernel not found"), and saves the result. Entries are written
-atomically (a temporary file renamed), with a checksum; an entry that cannot be read, fails its checksum or
-fails to deserialize is skipped with a warning (a miss), and overwritten by the next save.
+deserializing failed with "Function ..._kernel not found"), and saved under both keys (one file). Entries are
+written atomically (a temporary file renamed), with a checksum; an entry that cannot be read, fails its
+checksum or fails to deserialize is skipped with a warning (a miss), and overwritten by the next save.
 
 Only callers that can vouch for their ident use it, and only for idents made of stable values (`stable()`):
 op_jit's programs when the lowering table is the package's own (eager_functional: not under
@@ -32,31 +33,30 @@ hyperparameters, Python numbers among them, and donated arguments, whose donatio
 executable and named in the ident). A program that cannot be saved (it calls a custom-call target other than hf-tpu's own,
 register_targets, or has hoisted constants) is compiled with JAX's cache on, so its miss costs what it did before. HF_TPU_EXECUTABLE_CACHE=0
 turns it off; HF_TPU_DISABLE_DISK_CACHE=1 (no persistent cache at all) does too. Entries live in
-`executables/` under runtime.cache_dir() (JAX ignores subdirectories of its cache).
+`executables/` under runtime.cache_dir() (JAX ignores subdirectories of its cache), those of the lowered keys
+in `executables/lowered/` (hard links to them under the ident keys: a copy of the directory that does not keep
+hard links, as shutil.copytree, holds two copies of each, still correct).
 """
 
 from __future__ import annotations
 
 import contextlib
-import enum
 import functools
-import hashlib
 import os
 import pickle
 import threading
 import warnings
 import weakref
 from collections.abc import Callable, Iterator
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 from hf_tpu import cache_entries, counters, program_bound, runtime
-
-FORMAT = 1  # bump when the entry layout or the key's meaning changes
+from hf_tpu.executable_keys import (  # noqa: F401 - stable and Unstable: the callers' names for them
+    _SCALARS, FORMAT, Unstable, entry_key, lowered_entry_key, stable)
 MAGIC = b"hf_tpu-executable-v1\n"
 _lock = threading.Lock()
-_stats = {"hits": 0, "misses": 0, "saved": 0, "unsaveable": 0, "corrupt": 0}
+_stats = {"hits": 0, "lowered_hits": 0, "misses": 0, "saved": 0, "unsaveable": 0, "corrupt": 0}
 _warned: set[str] = set()
 _programs: weakref.WeakSet[Program] = weakref.WeakSet()
 
@@ -71,6 +71,9 @@ def directory() -> Path:
 
 
 def stats() -> dict[str, int]:
+    """Each first call of a program signature is one of: `hits` (served by its ident: nothing traced),
+    `lowered_hits` (traced and lowered, served by the lowered program's key: no XLA compile) or `misses`
+    (compiled; `unsaveable` of them not saved). `saved`: entries written; `corrupt`: entries skipped."""
     with _lock:
         return dict(_stats)
 
@@ -84,114 +87,6 @@ def reset_stats() -> None:
 def _bump(what: str) -> None:
     with _lock:
         _stats[what] += 1
-
-
-# ----------------------------------------------------------------------------------------------- keys
-class Unstable(Exception):
-    """A value whose text would not name the same thing in another process."""
-
-
-def stable(x: Any) -> str:
-    """A text for `x` that is equal in two processes exactly when `x` is: plain values, dtypes, ops and
-    containers of them. Raises Unstable for anything else (an object, an array, a function)."""
-    t = type(x)
-    if x is None or t in (bool, int, float, complex, str, bytes) or x is Ellipsis:
-        return f"{t.__name__}:{x!r}"  # repr round-trips floats exactly (and tells -0.0, nan)
-    if t in (tuple, list):
-        return f"{t.__name__}(" + ",".join(stable(v) for v in x) + ")"
-    if t is slice:
-        return f"slice({stable(x.start)},{stable(x.stop)},{stable(x.step)})"
-    if t is dict:
-        return "dict(" + ",".join(f"{stable(k)}={stable(v)}" for k, v in sorted(x.items(), key=lambda kv: repr(kv[0]))) + ")"
-    mod = t.__module__ or ""
-    if isinstance(x, enum.Enum):
-        return f"{mod}.{t.__qualname__}.{x.name}"
-    if mod.startswith("torch"):
-        # dtypes, memory formats, layouts, devices, ops: their str names them
-        if t.__name__ in ("dtype", "memory_format", "layout", "device", "OpOverload", "OpOverloadPacket"):
-            return f"{t.__name__}:{x}"
-    if t.__name__ == "dtype" and mod == "numpy":
-        return f"np.dtype:{x.str}:{x.name}"
-    if mod == "numpy" and hasattr(x, "dtype") and getattr(x, "shape", None) == ():  # a numpy scalar
-        return f"np:{x.dtype.name}:{x.item()!r}"
-    if isinstance(x, type) and (x.__module__ or "").split(".")[0] in ("numpy", "jax", "ml_dtypes"):
-        return f"type:{x.__module__}.{x.__qualname__}"  # jnp.float32 and the like, used as dtypes
-    raise Unstable(f"{t.__module__}.{t.__qualname__}")
-
-
-def _digest_sources(root: Path) -> str:
-    h = hashlib.sha256()
-    # the C++ too: native/torch_dot.cpp's handlers are called by saved executables
-    for f in sorted([*root.rglob("*.py"), *root.rglob("*.cpp")]):
-        h.update(f.relative_to(root).as_posix().encode())
-        try:
-            h.update(f.read_bytes())
-        except OSError:
-            pass
-    return h.hexdigest()
-
-
-def _env_vars() -> list[tuple[str, str]]:
-    """hf-tpu's, TorchTPU's, JAX's and XLA's variables that can change a program (not paths or timeouts)."""
-    out = []
-    for k, v in sorted(os.environ.items()):
-        if k == "XLA_FLAGS" or (k.startswith(("HF_TPU_", "TORCH_TPU_", "JAX_"))
-                                and not any(w in k for w in ("DIR", "CACHE", "SWEEP", "TIMEOUT"))):
-            out.append((k, v))
-    return out
-
-
-def _trace_config(jax: Any) -> str:
-    """JAX's configuration that its own jit cache keys on (config.trace_context), objects by type."""
-    from jax._src import config
-
-    parts = []
-    for v in config.trace_context():
-        r = repr(v)
-        parts.append(type(v).__qualname__ if " at 0x" in r else r)
-    return ",".join(parts)
-
-
-@functools.cache
-def environment() -> str:
-    """Digest of everything outside the key's ident that can change a compiled program (module docstring)."""
-    jax = runtime.jax()
-    versions = []
-    for pkg in ("torch", "jax", "jaxlib", "torchax", "numpy", "hf-tpu"):
-        try:
-            versions.append((pkg, metadata.version(pkg)))
-        except metadata.PackageNotFoundError:
-            versions.append((pkg, ""))
-    import sys
-
-    client = jax.devices()[0].client
-    parts = [
-        f"format={FORMAT}", f"python={sys.version}", repr(versions),
-        f"backend={client.platform}:{client.platform_version}:{[str(d) for d in jax.devices()]}",
-        f"config={_trace_config(jax)}", f"env={_env_vars()!r}",
-        f"hf_tpu={_digest_sources(Path(__file__).resolve().parent)}",
-    ]
-    return hashlib.sha256("\n".join(parts).encode()).hexdigest()
-
-
-_SCALARS = (bool, int, float)  # Python numbers a program takes as traced (weakly typed) arguments
-
-
-def _arg_text(a: Any) -> str:
-    if type(a) in _SCALARS:  # traced as a weakly typed scalar of its kind: the value is not in the program
-        return f"py:{type(a).__name__}"
-    devices = sorted(d.id for d in a.sharding.device_set)
-    return f"{a.shape}:{a.dtype.name}:{int(a.weak_type)}:{devices}:{getattr(a.sharding, 'memory_kind', '')}"
-
-
-def entry_key(ident: str, variant: str, options: Any, args: tuple | list, place: Any = None, tree: Any = None) -> str:
-    """`args`: the call's array (or Python scalar) leaves; `tree`: their pytree structure when the call is
-    not positional arrays alone (the optimizer's lists and keyword hyperparameters); `place`: JAX's default
-    device for the call (where outputs made from no input go), None for JAX's own."""
-    text = "\n".join([environment(), ident, variant, repr(sorted((options or {}).items())),
-                      ";".join(_arg_text(a) for a in args), "" if place is None else f"default:{place.id}"]
-                     + ([] if tree is None else [f"tree:{tree}"]))
-    return hashlib.sha256(text.encode()).hexdigest()[:40]
 
 
 # ----------------------------------------------------------------------------------------------- custom calls
@@ -210,6 +105,8 @@ def register_targets(names: tuple[str, ...] | list[str], ensure: Callable[[], bo
 
 # ----------------------------------------------------------------------------------------------- store
 def _path(key: str) -> Path:
+    if key.startswith("L"):  # the lowered keys (lowered_entry_key), a directory of their own
+        return directory() / "lowered" / key[1:3] / f"{key}.exe"
     return directory() / key[:2] / f"{key}.exe"
 
 
@@ -311,19 +208,41 @@ class Program:
                     tree: Any) -> Any:
         jitted, options = self.variants[variant]
         key = entry_key(self.ident, variant, options, leaves, place, tree)
-        exe = _load(key, self.ident, leaves)
-        if exe is not None:
-            try:
-                out = exe(*args, **kwargs)  # a saved executable can fail only now (a kernel missing from it)
-            except Exception as exc:  # noqa: BLE001 - unusable: a miss; a real error raises again below
-                if _consumed(leaves):  # a donated input is gone: nothing can be retried
-                    raise
-                _unusable(key, exc)
-            else:
-                self._exes[sig] = exe
-                return out
-        exe = self._exes[sig] = _compile_and_save(key, self.ident, jitted, args, kwargs)
+        loaded = _load(key, leaves, ident=self.ident)
+        if loaded is not None and (out := _run_loaded(loaded[0], key, args, kwargs, leaves)) is not _UNUSABLE:
+            _bump("hits")
+            self._exes[sig] = loaded[0]
+            return out
+        _listen()
+        lowered = jitted.lower(*args, **kwargs)  # traced with JAX's cache on: eager computations inside a trace use it
+        targets = _saveable(lowered)
+        lkey = None if targets is None else lowered_entry_key(lowered, variant, options, leaves, place, tree)
+        loaded = None if lkey is None else _load(lkey, leaves, lowered=lkey)
+        if loaded is not None and (out := _run_loaded(loaded[0], lkey, args, kwargs, leaves)) is not _UNUSABLE:
+            # the same lowered program, compiled by another process (another hf_tpu, another ident): no XLA
+            # compile; named by this ident too, so that the next process skips the tracing as well
+            _bump("lowered_hits")
+            _share(lkey, key, self.ident, loaded[1])
+            self._exes[sig] = loaded[0]
+            return out
+        _bump("misses")
+        exe = self._exes[sig] = _compile_and_save(key, lkey, self.ident, lowered, targets)
         return exe(*args, **kwargs)
+
+
+_UNUSABLE = object()
+
+
+def _run_loaded(exe: Any, key: str, args: tuple, kwargs: dict, leaves: tuple | list) -> Any:
+    """`exe(*args, **kwargs)`, or _UNUSABLE when a loaded executable fails (a saved executable can fail only
+    now: a kernel missing from it); a real error raises again when the program is compiled."""
+    try:
+        return exe(*args, **kwargs)
+    except Exception as exc:  # noqa: BLE001 - unusable: a miss
+        if _consumed(leaves):  # a donated input is gone: nothing can be retried
+            raise
+        _unusable(key, exc)
+        return _UNUSABLE
 
 
 def _consumed(leaves: tuple | list) -> bool:
@@ -364,8 +283,10 @@ def _unusable(key: str, exc: BaseException) -> None:
     _bump("corrupt")
 
 
-def _load(key: str, ident: str, leaves: tuple | list) -> Any:
-    """The executable saved under `key`, or None (absent or unusable: then with a warning)."""
+def _load(key: str, leaves: tuple | list, *, ident: str | None = None,
+          lowered: str | None = None) -> tuple[Any, dict] | None:
+    """(executable, entry) saved under `key` (found by the program's ident, or by its lowered key), or None
+    (absent or unusable: then with a warning)."""
     from jax.experimental import serialize_executable as se
 
     payload = read(key)
@@ -373,7 +294,8 @@ def _load(key: str, ident: str, leaves: tuple | list) -> Any:
         return None
     try:
         state = pickle.loads(payload)
-        if state.get("ident") != ident or state.get("format") != FORMAT:
+        if state.get("format") != FORMAT or (
+                state.get("ident") != ident if lowered is None else state.get("lowered") != lowered):
             raise ValueError("the entry names another program")
         for target in state.get("targets", ()):  # hf-tpu's own custom calls: registered before loading
             ensure = _targets.get(target)
@@ -388,9 +310,18 @@ def _load(key: str, ident: str, leaves: tuple | list) -> Any:
     except Exception as exc:  # noqa: BLE001 - an unusable entry is a miss, never an error
         _unusable(key, exc)
         return None
-    _bump("hits")
     program_bound.note_executable()  # mapped like any other executable
-    return exe
+    return exe, state
+
+
+def _share(lkey: str, key: str, ident: str, state: dict) -> None:
+    """Names the entry found under the lowered key `lkey` by the ident key `key` too: the same file (a hard
+    link: every program of a new hf_tpu gets a new ident key, and copies would double the directory) when it
+    records this ident, else a copy recording it (the executable's bytes as they were: an executable once
+    deserialized is not serialized again, _without_jax_cache)."""
+    if state.get("ident") == ident and cache_entries.link(_path(lkey), _path(key)):
+        return
+    write(key, pickle.dumps({**state, "ident": ident}))
 
 
 @contextlib.contextmanager
@@ -425,16 +356,23 @@ def _count_jax_hits(event: str, **_: Any) -> None:
         _jax_cache_hits[0] += 1
 
 
-def _compile_and_save(key: str, ident: str, jitted: Any, args: tuple, kwargs: dict | None = None) -> Any:
-    from jax.experimental import serialize_executable as se
-
-    _bump("misses")
-    _listen()
-    lowered = jitted.lower(*args, **(kwargs or {}))  # traced with JAX's cache on: eager computations inside a trace use it
+def _saveable(lowered: Any) -> set[str] | None:
+    """The custom-call targets of a program that may be saved, or None when it may not (_custom_calls; JAX
+    cannot serialize a program with hoisted constants either)."""
     targets = _custom_calls(lowered)
     if targets is None or set(targets) - set(_targets) or getattr(getattr(lowered, "_lowering", None), "const_args", None):
-        # not saveable (below; JAX cannot serialize a program with hoisted constants either): compiled with
-        # JAX's own cache, so that this miss, repeated in every process, costs no more than it did before
+        return None
+    return targets
+
+
+def _compile_and_save(key: str, lkey: str | None, ident: str, lowered: Any, targets: set[str] | None) -> Any:
+    """Compiles `lowered` and saves the executable under the lowered key `lkey` (when the program has one) and
+    under its ident key `key` (the same file)."""
+    from jax.experimental import serialize_executable as se
+
+    if targets is None:
+        # not saveable: compiled with JAX's own cache, so that this miss, repeated in every process, costs no
+        # more than it did before
         _bump("unsaveable")
         return lowered.compile()
     with _without_jax_cache() as fresh:
@@ -445,12 +383,16 @@ def _compile_and_save(key: str, ident: str, jitted: Any, args: tuple, kwargs: di
             return exe
     try:
         blob, in_tree, out_tree = se.serialize(exe)
-        data = pickle.dumps({"format": FORMAT, "ident": ident, "exe": blob, "in_tree": in_tree,
-                             "out_tree": out_tree, "targets": sorted(targets)})
+        state = {"format": FORMAT, "ident": ident, "lowered": lkey, "exe": blob, "in_tree": in_tree,
+                 "out_tree": out_tree, "targets": sorted(targets)}
+        data = pickle.dumps(state)
     except Exception:  # noqa: BLE001 - usable here, just not saved (an output pytree that does not pickle)
         _bump("unsaveable")
         return exe
-    if write(key, data):
+    if lkey is not None and write(lkey, data):
+        _share(lkey, key, ident, state)
+        _bump("saved")
+    elif write(key, data):
         _bump("saved")
     return exe
 

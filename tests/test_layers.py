@@ -31,7 +31,7 @@ HF_TPU_LAYERS: list[tuple[str, list[str]]] = [
       "hf_tpu.cache_entries"]),
     ("JAX, started on first use", ["hf_tpu.runtime", "hf_tpu.program_bound"]),
     ("per-program XLA compile options; executables shared across processes",
-     ["hf_tpu.xla_options", "hf_tpu.executable_cache"]),
+     ["hf_tpu.xla_options", "hf_tpu.executable_keys", "hf_tpu.executable_cache"]),
     ("helpers of the lowerings", ["hf_tpu.torchax_compat", "hf_tpu.rng", "hf_tpu.views", "hf_tpu.lowering_ops",
                                   "hf_tpu.lowering_parity", "hf_tpu.float8", "hf_tpu.random_ops",
                                   "hf_tpu.special_polynomials", "hf_tpu.special_functions", "hf_tpu.margin_loss", "hf_tpu.linalg_lowerings",

@@ -2,7 +2,10 @@
 view read inside its consumer's program, cat), compared with CPU. Prints, as the last line of JSON: op programs
 traced (op_jit.traces), XLA compiles (not counting JAX's own cache hits), the executable cache's stats, the largest difference from CPU,
 and a digest of the tpu outputs' bits. CHILD_PRECISION sets the matmul precision; CHILD_INJECT=1 replaces
-gelu's lowering (x -> 2 * gelu(x)) for the whole process, as the sweep's canary does. CHILD_KIND picks
+gelu's lowering (x -> 2 * gelu(x)) for the whole process, as the sweep's canary does. CHILD_SOURCES=<text>
+stands for another hf_tpu (a commit): the executable cache's digest of the sources becomes <text>;
+CHILD_CHANGE_GELU=1 changes gelu's lowering in the package's own table (x -> 2 * gelu(x)), as a commit
+changing that lowering would: the program's ident stays, its lowered program changes. CHILD_KIND picks
 another case (graph_main, optim_main, strided_main)."""
 
 from __future__ import annotations
@@ -167,6 +170,22 @@ def optim_main() -> None:
                       "bits": bits, "donated": donated}))
 
 
+def _as_another_commit() -> None:
+    """CHILD_SOURCES and CHILD_CHANGE_GELU (module docstring), applied before any program is made."""
+    if os.environ.get("CHILD_SOURCES"):
+        from hf_tpu import executable_keys
+
+        executable_keys._digest_sources = lambda root: os.environ["CHILD_SOURCES"]
+        executable_keys.environment.cache_clear()
+    if os.environ.get("CHILD_CHANGE_GELU") == "1":
+        from hf_tpu import lowering
+
+        gelu = torch.ops.aten.gelu.default
+        before = lowering.find(gelu)
+        lowering.find.cache_clear()
+        lowering._HAND[gelu] = lambda *a, **k: 2 * before(*a, **k)
+
+
 def main() -> None:
     hf_tpu.set_matmul_precision(os.environ.get("CHILD_PRECISION", "highest"))
     jax = runtime.jax()
@@ -196,4 +215,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    _as_another_commit()
     {"graph": graph_main, "optim": optim_main, "strided": strided_main}.get(os.environ.get("CHILD_KIND", ""), main)()

@@ -91,7 +91,9 @@ def test_corrupt_entries_are_skipped_with_a_warning(warm: tuple[Path, dict], tmp
     junk = b"not a pickle"
     files[2].write_bytes(executable_cache.MAGIC + hashlib.sha256(junk).digest() + junk)
     r = run(cache)
-    assert r["stats"]["corrupt"] == 3 and r["stats"]["misses"] == 3, r
+    # the three programs are then traced and lowered, and served by their lowered key (the copied cache's
+    # lowered entries are files of their own) or compiled
+    assert r["stats"]["corrupt"] == 3 and r["stats"]["misses"] + r["stats"]["lowered_hits"] == 3, r
     assert r["err"] < TOL and r["bits"] == warm[1]["bits"]
     assert len(r["warnings"]) == 3 and all("compiling instead" in w for w in r["warnings"])
     again = run(cache)  # the three were saved again
@@ -102,6 +104,41 @@ def test_replaced_lowering_is_never_served_from_the_cache(warm: tuple[Path, dict
     faulty = run(copy(warm, tmp_path), CHILD_INJECT="1")
     assert faulty["err"] > 0.1  # the fault shows: gelu's program was traced from the replaced lowering
     assert faulty["stats"]["saved"] == 0  # and nothing traced under a replaced lowering is shared
+
+
+def test_another_hf_tpu_is_served_by_the_lowered_programs(warm: tuple[Path, dict], tmp_path: Path) -> None:
+    """Any commit to hf_tpu changes every ident key (the digest of the sources): a second process of another
+    hf_tpu compiled every program again. Now each program, traced and lowered as before, is served by its
+    lowered key (no XLA compile), and named by the new ident key too: a third process traces nothing. The new
+    names are hard links, not copies."""
+    cache, cold = warm
+    cache = copy(warm, tmp_path)
+    other = run(cache, CHILD_SOURCES="another commit")
+    n = cold["stats"]["saved"]
+    assert other["stats"]["hits"] == 0 and other["traces"] == cold["traces"], other  # every ident key missed
+    assert other["stats"]["lowered_hits"] == n and other["stats"]["misses"] == 0, other
+    assert other["compiles"] <= cold["compiles"] - cold["traces"], other  # no op program compiled
+    assert other["bits"] == cold["bits"] and other["err"] < TOL
+    files = entries(cache)
+    assert len(files) == 2 * n  # the old ident keys and the new ones
+    new = [f for f in files if f.stat().st_nlink > 1]
+    assert len(new) == n
+    lowered = sorted((cache / "executables" / "lowered").glob("*/*.exe"))
+    assert len(lowered) == n and {f.stat().st_ino for f in new} == {f.stat().st_ino for f in lowered}
+    third = run(cache, CHILD_SOURCES="another commit")
+    assert third["traces"] == 0 and third["stats"]["hits"] == n and third["bits"] == cold["bits"], third
+
+
+def test_a_changed_lowering_is_compiled_not_served(warm: tuple[Path, dict], tmp_path: Path) -> None:
+    """A commit that changes one lowering (gelu's, in the package's own table: the ident is unchanged) changes
+    that program's lowered key: it is compiled, and runs the new lowering (the fault shows against CPU); the
+    programs it left alone are served by their lowered keys."""
+    cold = warm[1]
+    changed = run(copy(warm, tmp_path), CHILD_SOURCES="another commit", CHILD_CHANGE_GELU="1")
+    assert changed["err"] > 0.1, changed  # gelu's new program ran, not the saved one
+    stats = changed["stats"]
+    assert stats["hits"] == 0 and stats["misses"] >= 1 and stats["lowered_hits"] >= 1, changed
+    assert stats["misses"] + stats["lowered_hits"] == cold["stats"]["saved"], changed
 
 
 def test_graph_cache_hit_traces_no_graph_program(tmp_path: Path) -> None:
@@ -256,3 +293,25 @@ def test_programs_calling_jaxlib_kernels_run_in_a_fresh_process(tmp_path: Path) 
         assert r.returncode == 0, f"exit {r.returncode}: {r.stderr[-3000:]}"
         out = json.loads(r.stdout.strip().splitlines()[-1])
         assert out["err"] < 1e-5 and out["stats"]["unsaveable"] >= 1
+
+
+def test_lowered_key_names_what_the_module_does_not(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`lambda x, y: 2 * x` and `lambda x, y: 2 * y` lower to the same module (jit drops the unused argument);
+    keyed by the module alone, the second program would be served the first's executable and return 2 * x."""
+    from hf_tpu import executable_cache, executable_keys, runtime
+
+    monkeypatch.setenv("HF_TPU_CACHE_DIR", str(tmp_path))
+    jax = runtime.jax()
+    x, y = jax.numpy.arange(3.0), jax.numpy.arange(3.0) + 10
+    first, second = jax.jit(lambda a, b: 2 * a), jax.jit(lambda a, b: 2 * b)
+    assert executable_keys._module_bytes(first.lower(x, y)) == executable_keys._module_bytes(second.lower(x, y))
+    executable_cache.reset_stats()
+    one = executable_cache.Program("test|first", {"fast": (first, None)}, lambda args: "fast")
+    two = executable_cache.Program("test|second", {"fast": (second, None)}, lambda args: "fast")
+    assert (one(x, y) == 2 * x).all() and (two(x, y) == 2 * y).all()
+    assert executable_cache.stats()["lowered_hits"] == 0 and executable_cache.stats()["saved"] == 2
+    # and the same computation written elsewhere (other source lines: another commit) has the same key
+    again = jax.jit(lambda a, b: 2 * b)
+    assert "loc(" in again.lower(x, y).as_text(debug_info=True)  # the locations the key leaves out
+    three = executable_cache.Program("test|third", {"fast": (again, None)}, lambda args: "fast")
+    assert (three(x, y) == 2 * y).all() and executable_cache.stats()["lowered_hits"] == 1
