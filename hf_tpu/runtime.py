@@ -178,6 +178,9 @@ def jax() -> Any:
     from hf_tpu import program_bound
 
     program_bound.install_listener(_jax)  # bounds the executables alive at once (vm.max_map_count)
+    from hf_tpu import lapack_batches
+
+    lapack_batches.install(_jax)  # batched LAPACK calls that cannot deadlock XLA:CPU's thread pool
     return _jax
 
 

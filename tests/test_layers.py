@@ -29,7 +29,7 @@ HF_TPU_LAYERS: list[tuple[str, list[str]]] = [
       "hf_tpu.no_dynamo", "hf_tpu.autocast", "hf_tpu.process_group",
       "hf_tpu.bounded_sizes", "hf_tpu.bounded_positions", "hf_tpu.bounded_plan", "hf_tpu.bounded", "hf_tpu.bounded_frames", "hf_tpu.op_registry", "hf_tpu.host_malloc",
       "hf_tpu.cache_entries"]),
-    ("JAX, started on first use", ["hf_tpu.runtime", "hf_tpu.program_bound"]),
+    ("JAX, started on first use", ["hf_tpu.runtime", "hf_tpu.program_bound", "hf_tpu.lapack_batches"]),
     ("per-program XLA compile options; executables shared across processes",
      ["hf_tpu.xla_options", "hf_tpu.executable_keys", "hf_tpu.executable_cache"]),
     ("helpers of the lowerings", ["hf_tpu.torchax_compat", "hf_tpu.rng", "hf_tpu.views", "hf_tpu.lowering_ops",
