@@ -96,3 +96,25 @@ def death_fields(exitcode: int | None, why: str) -> dict:
         except ValueError:
             name = f"signal {-exitcode}"
     return {"error_type": "WorkerCrash", "error_message": f"worker died: {name}", "failing_op": ""}
+
+
+def fault_frames(log_tail: str, frames: int = 3) -> str:
+    """Where a worker was when it died on a signal: the last faulthandler dump in (the tail of) its log, as
+    "Segmentation fault in fn (file.py:12) < caller (file.py:40) ..." with the crashing thread's innermost
+    `frames` frames (faulthandler lists them most recent first). '' when the log holds no dump."""
+    at = log_tail.rfind("Fatal Python error:")
+    if at < 0:
+        return ""
+    dump = log_tail[at:].splitlines()
+    what = dump[0][len("Fatal Python error:"):].strip()
+    current = next((i for i, line in enumerate(dump) if line.startswith("Current thread")),
+                   next((i for i, line in enumerate(dump) if line.startswith("Thread ")), None))
+    shown = []
+    for line in dump[current + 1:] if current is not None else []:
+        m = re.match(r'\s+File "([^"]+)", line (\d+) in (\S+)', line)
+        if not m:
+            break
+        shown.append(f"{m.group(3)} ({m.group(1).rsplit('/', 1)[-1]}:{m.group(2)})")
+        if len(shown) == frames:
+            break
+    return what + (" in " + " < ".join(shown) if shown else "")

@@ -42,6 +42,7 @@ class Death:
     why: str  # crash | timeout | oom
     phase: str | None
     exitcode: int | None = None
+    where: str = ""  # a crash's faulthandler dump, shortened (errors.fault_frames)
 
 
 @dataclass
@@ -65,16 +66,19 @@ def resolve_death(task: Task, rows: list[dict], death: Death, opts: SweepOptions
         sent = {r["mode"] for r in rows if r.get("phase") == "train"}
         why = {"crash": fields["error_message"] or "worker died", "timeout": f"timeout after {opts.timeout:g} s",
                "oom": "worker passed the memory cap"}[death.why]
+        where = f": {death.where}" if death.where else ""
         died_in = death.phase[len("train-"):]
         out = [{**base_row(task.entry, m, opts, backend, "train"),
                 "status": death.why if m == died_in else ("baseline_fail" if died_in in ("baseline", "reference")
                                                          else "skipped"),
-                **fields, "error_message": f"{why} during {death.phase}"} for m in task.modes if m not in sent]
+                **fields, "error_message": f"{why} during {death.phase}{where}"} for m in task.modes if m not in sent]
         return out, None
     done = {r["mode"] for r in rows if r.get("phase", "inference") == "inference"}
     remaining = tuple(m for m in task.modes if m not in done)
     if death.phase in BACKEND_PHASES and death.phase in remaining:
         row = {**base_row(task.entry, death.phase, opts, backend), "status": death.why, **fields}
+        if death.where:
+            row["error_message"] = f"{row['error_message']}: {death.where}"
         if death.why != "crash":
             row["error_message"] = f"{death.why} after {opts.timeout:g} s" if death.why == "timeout" else (
                 "worker passed the memory cap")
@@ -132,6 +136,7 @@ class Worker:
         r_parent, w_child = os.pipe()
         r_child, w_parent = os.pipe()
         env = worker_environment(opts, threads, die_with_parent)
+        self._log_path = log_path
         self._log = open(log_path, "ab") if log_path else subprocess.DEVNULL  # noqa: SIM115
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "harness.sweep.worker", str(r_child), str(w_child)],
@@ -236,9 +241,21 @@ class Worker:
         why = self._killed_for or "crash"
         if self.outcome is None:
             self.outcome = Outcome()
-        self.outcome.death = Death(why=why, phase=self.phase, exitcode=code)
+        self.outcome.death = Death(why=why, phase=self.phase, exitcode=code,
+                                   where=self._fault() if why == "crash" else "")
         self.close()
         return "dead"
+
+    def _fault(self) -> str:
+        """The crash's faulthandler dump from the end of this worker's log (the child enables faulthandler)."""
+        if not self._log_path:
+            return ""
+        try:
+            with open(self._log_path, "rb") as f:
+                f.seek(max(0, os.path.getsize(self._log_path) - 65536))
+                return errors.fault_frames(f.read().decode("utf-8", "replace"))
+        except OSError:
+            return ""
 
     def stop(self) -> None:
         try:
@@ -309,6 +326,9 @@ def _die_with_parent() -> None:
 
 
 def _child_main(rfd: int, wfd: int) -> None:
+    import faulthandler
+
+    faulthandler.enable()  # a crash's Python stack in the worker log: the parent names it in the row
     if os.environ.get("HF_TPU_SWEEP_DIE_WITH_PARENT") == "1":
         _die_with_parent()
     conn_in = Connection(rfd, writable=False)

@@ -44,3 +44,23 @@ def test_death_fields_name_the_signal():
     assert errors.death_fields(3, "crash")["error_message"] == "worker died: exit code 3"
     assert errors.death_fields(-9, "timeout")["error_type"] == "Timeout"
     assert torch is not None
+
+
+def test_fault_frames_names_the_crashing_threads_innermost_frames():
+    log = """noise before
+Fatal Python error: Segmentation fault
+
+Thread 0x00007f25645ff6c0 (most recent call first):
+  File "/x/threading.py", line 320 in wait
+
+Current thread 0x00007f2582e10b80 (most recent call first):
+  File "/w/hf_tpu/graph_compiler.py", line 369 in call
+  File "/w/torch/_functorch/runtime_wrappers.py", line 3551 in _backward_impl
+  File "/w/torch/autograd/function.py", line 333 in apply_boxed
+  File "/w/harness/sweep/train.py", line 213 in one_step
+
+Extension modules: numpy (total: 1)
+"""
+    assert errors.fault_frames(log) == ("Segmentation fault in call (graph_compiler.py:369) < _backward_impl "
+                                        "(runtime_wrappers.py:3551) < apply_boxed (function.py:333)")
+    assert errors.fault_frames("no dump here") == ""
