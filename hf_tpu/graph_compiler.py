@@ -181,6 +181,16 @@ def to_jax_function(gm: torch.fx.GraphModule,
 
     checks = [n for n in nodes if _is_error_check(n)]
     returned = checks if return_infos else []
+    # the graph's constants as JAX arrays made now, not while the program is traced: JAX inlines a scalar array
+    # made inside the trace where it is used but makes one made before a constant at the program's top, and a
+    # graph Dynamo made holds its constants on tpu (arrays made already) where one loaded from the graph cache
+    # holds them on CPU (serializable._dump_graph): the same graph lowered to two modules (GroundingDino's
+    # `_tensor_constant0`), so another JAX cache key and another lowered key (executable_keys.py)
+    consts = {}
+    for n in nodes:
+        if n.op == "get_attr":
+            attr = getattr(gm, n.target)
+            consts[n] = host_copy.from_cpu(attr) if attr.device.type == "cpu" else T.value(attr)
 
     def run(*inputs: Any) -> Any:
         jnp = T._jnp()
@@ -191,8 +201,7 @@ def to_jax_function(gm: torch.fx.GraphModule,
             if n.op == "placeholder":
                 env[n] = next(it)
             elif n.op == "get_attr":
-                attr = getattr(gm, n.target)
-                env[n] = host_copy.from_cpu(attr) if attr.device.type == "cpu" else T.value(attr)
+                env[n] = consts[n]
             elif n.op == "call_function":
                 args, kwargs = _mutable(torch.fx.node.map_arg((n.args, n.kwargs), lambda a: env[a]))
                 if n in strided_from:

@@ -44,6 +44,19 @@ class _QAHead(torch.nn.Module):
         return start.squeeze(-1).logsumexp(-1).sum() + end.squeeze(-1).square().mean()
 
 
+class _ScalarConst(torch.nn.Module):
+    """A tensor made in forward (GroundingDino's text-length constant's shape of graph): the graph holds it as
+    a constant (get_attr), on tpu as Dynamo made it and on CPU as the graph cache gives it back."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(16, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.fc(x)
+        return torch.where(h > 0, h, torch.tensor(6.0, device=x.device)).square().mean()
+
+
 class _Strided(torch.nn.Module):
     """as_strided through views (Longformer's chunking's shape of graph, test_compile_cache's OFFSET_SCRIPT):
     the lowering reads the storage of `h`, two views and three storage offsets away."""
@@ -107,7 +120,7 @@ def strided_main() -> None:
 
 
 def graph_main() -> None:
-    """CHILD_KIND=graph: _QAHead compiled with torch.compile(backend="tpu") through the graph cache, one
+    """CHILD_KIND=graph: _QAHead (CHILD_MODEL=const: _ScalarConst) compiled with torch.compile(backend="tpu") through the graph cache, one
     training step (forward and backward graphs); prints graph programs traced (counters' graph_traces) and
     got (compilations: traced or loaded),
     the executable cache's stats, the graph cache's, the largest difference from CPU and a digest of the tpu
@@ -116,7 +129,7 @@ def graph_main() -> None:
 
     hf_tpu.set_matmul_precision("highest")
     torch.manual_seed(0)
-    model = _QAHead()
+    model = _ScalarConst() if os.environ.get("CHILD_MODEL") == "const" else _QAHead()
     x = torch.randn(4, 8, 16)
     res = {}
     for dev in ("cpu", "tpu"):

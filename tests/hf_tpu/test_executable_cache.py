@@ -158,6 +158,24 @@ def test_graph_cache_hit_traces_no_graph_program(tmp_path: Path) -> None:
         assert warm["bits"] == cold["bits"]
 
 
+def test_graph_from_the_graph_cache_is_served_by_its_lowered_key_after_a_commit(tmp_path: Path) -> None:
+    """The nightly's case: yesterday's graph cache and executables, today's hf_tpu. The graph comes from the
+    graph cache, its ident key misses (another digest of the sources), and its lowered program must be the
+    one the process that traced it saved. A graph with a tensor constant lowered to another module when
+    loaded (the constant on CPU, converted inside the trace: a literal where Dynamo's tpu constant was a
+    constant of the program), so it was compiled again."""
+    env = {"CHILD_KIND": "graph", "CHILD_MODEL": "const", "HF_TPU_COMPILE_CACHE": "1",
+           "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "torch")}
+    cold = run(tmp_path / "cache", **env)
+    assert cold["traces"] == 2 and cold["graph_cache"]["saved"] == 1 and cold["err"] < TOL, cold
+    assert cold["stats"]["unsaveable"] == 0, cold
+    other = run(tmp_path / "cache", CHILD_SOURCES="another commit", **env)
+    assert other["graph_cache"]["host"]["hits"] == 1, other  # the loaded graph
+    assert other["traces"] == 2 and other["stats"]["hits"] == 0, other  # traced and lowered again
+    assert other["stats"]["misses"] == 0 and other["stats"]["lowered_hits"] == cold["stats"]["saved"], other
+    assert other["bits"] == cold["bits"] and other["err"] < TOL
+
+
 def test_as_strided_graphs_are_shared_and_told_apart_by_storage_offset(tmp_path: Path) -> None:
     """Graphs with as_strided through views (Longformer's chunking) were never named: traced and lowered in every
     process. Named with what their lowering reads beyond the arguments (the storage's node and its offset),
