@@ -186,11 +186,16 @@ def to_jax_function(gm: torch.fx.GraphModule,
     # graph Dynamo made holds its constants on tpu (arrays made already) where one loaded from the graph cache
     # holds them on CPU (serializable._dump_graph): the same graph lowered to two modules (GroundingDino's
     # `_tensor_constant0`), so another JAX cache key and another lowered key (executable_keys.py)
+    # (outside any fake mode: AOTAutograd calls the backend with its FakeTensorMode active, and the constants are
+    # real tensors)
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
     consts = {}
-    for n in nodes:
-        if n.op == "get_attr":
-            attr = getattr(gm, n.target)
-            consts[n] = host_copy.from_cpu(attr) if attr.device.type == "cpu" else T.value(attr)
+    with unset_fake_temporarily():
+        for n in nodes:
+            if n.op == "get_attr":
+                attr = getattr(gm, n.target)
+                consts[n] = host_copy.from_cpu(attr) if attr.device.type == "cpu" else T.value(attr)
 
     def run(*inputs: Any) -> Any:
         jnp = T._jnp()
