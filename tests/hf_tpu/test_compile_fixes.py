@@ -258,3 +258,41 @@ def test_boolean_mask_setitem_trains_compiled(highest, monkeypatch, tmp_path, fn
     for g, want in zip(got["tpu"], got["cpu"], strict=True):
         torch.testing.assert_close(g, want)
     assert compile_cache.stats()["saved"] == 1  # the one graph ran, forward and backward
+
+
+def test_output_aliasing_a_matmul_result_is_rebuilt_from_its_sizes(highest, monkeypatch) -> None:
+    # Step3p7Model's compiled training step: outputs that are views of a 3-d matmul's result (mm, then
+    # _unsafe_view) are rebuilt by AOTAutograd at run time. PyTorch 2.13's _unsafe_view ViewMeta keeps its
+    # sizes as a dangling reference, and replaying it made tpu's view read garbage ("shape '[94059980854764,
+    # 7647175993348940116, 64]' is invalid"); whether the freed memory is reused yet is luck, so the test
+    # checks that no such replay runs at all, and that the outputs and their gradients are CPU's.
+    from torch._functorch._aot_autograd import functional_utils
+
+    replayed: list[str] = []
+    replay = functional_utils._functionalization.apply_view_meta_sequence
+
+    def spy(base, seq):
+        replayed.extend(type(vm).__name__ for vm in seq)
+        return replay(base, seq)
+
+    monkeypatch.setattr(functional_utils._functionalization, "apply_view_meta_sequence", spy)
+
+    def f(x: torch.Tensor, w: torch.Tensor) -> list[torch.Tensor]:
+        z = torch.matmul(x, w)  # (2, 1, 64) @ (64, 64): mm then _unsafe_view
+        return [z[i].view(-1, 64) for i in range(2)]
+
+    torch.manual_seed(0)
+    x, w = torch.randn(2, 1, 64), torch.randn(64, 64)
+    xc, wc = x.clone().requires_grad_(), w.clone().requires_grad_()
+    want = f(xc, wc)
+    sum(o.square().sum() for o in want).backward()
+    torch._dynamo.reset()
+    xt, wt = x.to("tpu").requires_grad_(), w.to("tpu").requires_grad_()
+    got = torch.compile(f, backend="tpu")(xt, wt)
+    sum(o.square().sum() for o in got).backward()
+    assert "_unsafe_view_ViewMeta" not in replayed
+    for g, c in zip(got, want):
+        torch.testing.assert_close(g.detach().cpu(), c.detach(), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(xt.grad.cpu(), xc.grad, rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(wt.grad.cpu(), wc.grad, rtol=1e-5, atol=1e-4)
+
