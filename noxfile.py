@@ -39,6 +39,10 @@ def nightly(session: nox.Session) -> None:
                  for i, a in enumerate(args))
     if medium and not any(a == "--modes" or a.startswith("--modes=") for a in args):
         args += ["--modes", "eager"]
+    # both phases at highest, as the workflow (reports/expected accepts the training step too); medium's
+    # directory holds inference only
+    if not medium and not any(a == "--phases" or a.startswith("--phases=") for a in args):
+        args += ["--phases", "inference,train"]
     session.run("hf-tpu", "sweep", "--zoo", "full", "--out", run_dir, *args, env=env)
     expected = ["--expected", "reports/expected-medium"] if medium else []
     # compare first so the dashboard shows each row's class; a regression must not stop the report

@@ -168,3 +168,25 @@ def test_checker_catches_bad_calls() -> None:
     assert hf_tpu_calls('set +e\nhf-tpu compare r --expected "e d" && echo ok # hf-tpu nope\n') == [
         ["compare", "r", "--expected", "e d"]
     ]
+
+
+def test_every_phase_the_nightly_sweeps_is_accepted_for_the_whole_zoo() -> None:
+    """The nightly at highest sweeps both phases and is compared with reports/expected: each (phase, mode) it
+    sweeps has an accepted status for every entry the inference files accept, or the comparison would report
+    a thousand rows as new instead of guarding them."""
+    import pandas as pd
+
+    (call,) = [c for _, s in _run_scripts({"jobs": {"sweep": _workflow()["jobs"]["sweep"]}}) for c in hf_tpu_calls(s)
+               if c[0] == "sweep"]
+    assert "--phases" in call, "the nightly sweeps inference only"
+    # the workflow reads the phases from a step variable: inference,train at highest, inference at medium
+    step = next(st for st in _workflow()["jobs"]["sweep"]["steps"] if "hf-tpu sweep" in str(st.get("run", "")))
+    phases = re.search(r"\|\| '([a-z,]+)'", step["env"]["PHASES"]).group(1).split(",")
+    assert phases == ["inference", "train"]
+    modes = re.search(r"\|\| '([a-z,]+)'", step["env"]["MODES"]).group(1).split(",")
+    expected = ROOT / "reports" / "expected"
+    for mode in modes:
+        owed = set(pd.read_csv(expected / f"{mode}.csv")["name"])
+        accepted = set(pd.read_csv(expected / f"train-{mode}.csv")["name"])
+        missing = sorted(owed - accepted)
+        assert not missing, f"train-{mode}.csv accepts no status for {len(missing)} entries, e.g. {missing[:3]}"
