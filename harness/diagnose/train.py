@@ -2,7 +2,9 @@
 
 Every step of the row is replayed as the sweep runs it (same N, data, optimizer; train_steps.py) on CPU, in
 float64 and on `tpu`; the verdict is the sweep's own, and the first tensor beyond the numerics rule, step by
-step (the loss, the gradients in backward order, the weights after the optimizer step), says where it starts:
+step (the loss, the gradients in backward order, the weights after the optimizer step), says where it starts.
+A row the rule fails is judged step by step from tpu's own state, as the sweep judges it (the transition
+check, harness/sweep/train_carry.py): when every step agrees it passes and says so; otherwise:
 - step K's optimizer update: the optimizer alone is replayed through step K on CPU's gradients and weights
   (train_steps.optimizer_verdict): tpu's update is wrong, or it agrees and the divergence is the gradients'
   rounding as Adam amplifies it.
@@ -40,7 +42,7 @@ from harness.diagnose.core import _finish, _launch_blocking, _set_precision
 from harness.diagnose.diagnosis import Diagnosis, diff_dicts, first_line
 from harness.diagnose.ops import FailureProbe, OpCall, RecordOps, clone_cpu, describe, replay, spec_text
 from harness.entry_calls import compile_call, failure_status, prepare_inputs, prepare_model
-from harness.sweep import draws, emulate, float64_ops, numerics
+from harness.sweep import draws, emulate, float64_ops, numerics, train_carry
 from harness.sweep.device import backend_phase
 from harness.sweep import train as T
 
@@ -155,13 +157,25 @@ def diagnose_train_built(built: Any, entry: Any, mode: str = "eager", *, out_dir
         with backend_phase():  # the row's tpu run, as the sweep makes it (a fused row is diagnosed as eager)
             runs.tpu = T.run_steps(built, entry, "tpu", steps, tdtype, seed, rebuild,
                                    "tpu" if mode == "compiled" else None, exclude=tol.data_dependent,
-                                   freeze=runs.null, trace=True)
+                                   freeze=runs.null, trace=True, states=True)
     except T.StepError as err:
         _raised(d, err, runs, built, entry, mode, tdtype, seed, rebuild, precision, tol, out)
         return _finish(d, start, out)
 
     cmp, uninformative = S.verdict(runs, built, entry, steps, tdtype, seed, rebuild, precision, tol)
     first = S.first_divergence(runs, tol)
+    carried = None
+    if not (cmp.match or uninformative) and not train_carry.step1_fails(
+            *(S._tensors(r, runs.null) for r in (runs.ref, runs.tpu, runs.fp64)), tol):
+        # the sweep's transition check, on the steps just run (harness/sweep/train_carry.py)
+        carried = train_carry.check(runs.tpu["trace"], train_carry.cpu_stepper(
+            T.run_steps, T.StepError, built, entry, seed, precision, tdtype, rebuild, tol, runs.null),
+            T.cpu_optimizer, tol, T.REFERENCE_FACTOR, runs.null)
+        d.notes.append(carried.note)
+        if carried.ok:
+            d.summary = carried.note + (f"; free-running, step {first.step} {first.tensor} diverges first "
+                                        f"({first.reason})" if first else "")
+            return _finish(d, start, out)
     if uninformative or (cmp.match and first is None):
         d.summary = uninformative or (f"the losses, gradients and weights of all {steps} steps agree with CPU")
         if uninformative:  # the row's tensors are judged against float32's spread, as the sweep judges them

@@ -50,6 +50,10 @@ runs and the status is the backend's:
                 ~100x float32's smallest normal in float64 and on CPU, and to zero on tpu, which flushes each
                 product (GotOcr2's relative-position table): a pass judged against CPU with flush-to-zero, the
                 float32 a TPU computes (train_spread.py), and uninformative
+    carried     a `pass` with a conv whose channels are normalised by running statistics its forward updates
+                from each batch (batch norm's update, momentum 0.5, then normalisation with the new statistics):
+                a step's loss reads the buffers the step before wrote, so the state carried across steps is
+                more than the weights and AdamW's moments (train_carry.py's transition check)
 
 With HF_TPU_SWEEP_TEST_LOG=path each build appends "<entry_id> <pid>" to that file (exactly-once tests).
 """
@@ -67,7 +71,7 @@ from harness.zoo.entry import ZooEntry
 
 KINDS = ("pass", "raise", "compile", "abort", "sleep", "oom", "perturb", "baseline", "missing", "slow", "opaque",
          "stateful", "recompile", "nullgrad", "pipeline", "tracediff", "numpy", "zerobias", "nullmove", "residue",
-         "subnormal", "flushsum")
+         "subnormal", "flushsum", "carried")
 DEFAULT_SET = ("pass", "raise", "compile", "abort", "sleep", "oom", "perturb", "baseline", "missing")
 EXPECTED_STATUS = {
     "pass": "pass", "raise": "fail_to_run", "compile": "compile_fail", "abort": "crash", "sleep": "timeout",
@@ -75,6 +79,7 @@ EXPECTED_STATUS = {
     "slow": "pass", "opaque": "compile_fail", "stateful": "pass",
     "recompile": "pass", "nullgrad": "pass", "pipeline": "pass", "tracediff": "fail_accuracy", "numpy": "pass",
     "zerobias": "pass", "nullmove": "pass", "residue": "pass", "subnormal": "pass", "flushsum": "pass",
+    "carried": "pass",
 }
 _SPEC_RE = re.compile(r"^([a-z]+)(?:\*(\d+))?$")
 
@@ -157,6 +162,10 @@ def _make_model(kind: str):
                 self.query, self.key = nn.Linear(32, 32), nn.Linear(32, 32)
             if kind in ("subnormal", "flushsum"):
                 self.tiny = nn.Linear(32, 8, bias=False)
+            if kind == "carried":
+                self.conv, self.head = nn.Conv1d(2, 4, 3, padding=1), nn.Linear(64, 8)
+                self.register_buffer("stat_mean", torch.zeros(4))
+                self.register_buffer("stat_var", torch.ones(4))
 
         def forward(self, x):
             h = torch.nn.functional.gelu(self.fc1(x))
@@ -174,6 +183,11 @@ def _make_model(kind: str):
                 k = k.mean(0) + 1e-3 * (k - k.mean(0))
                 h = torch.softmax(self.query(h) @ k.T, dim=-1) @ h
             out = self.fc2(h)
+            if kind == "carried":
+                c = self.conv(h.view(-1, 2, 16))
+                torch.nn.functional.batch_norm(c.detach(), self.stat_mean, self.stat_var, training=True, momentum=0.5)
+                n = torch.nn.functional.batch_norm(c, self.stat_mean, self.stat_var, training=False)
+                out = out + self.head(torch.relu(n).flatten(1))
             if kind == "subnormal":  # dW = (u * 1e-19)^T (g * 1e-19): subnormal products summing to up to 2.4x
                 # float32's smallest normal in 4 elements (column 0), float64 RMS 0.23x it (measured)
                 u = torch.cat([h[:, :1] * 300.0, torch.zeros_like(h[:, 1:])], 1)

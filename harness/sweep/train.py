@@ -48,18 +48,11 @@ from typing import Any
 
 from harness.core import errors
 from harness.entry_calls import compile_call, failure_status, output_tensors, prepare_inputs, prepare_model
-from harness.sweep import draws, numerics, perf, train_weights
+from harness.sweep import draws, numerics, perf, train_carry, train_weights
+from harness.sweep.train_null import NULL_GRADIENT, SUBNORMAL, null_gradients, null_note, without  # noqa: F401
 from harness.sweep.train_spread import FLUSH, NUDGE_SEEDS, flush_reach, flushing, near_bound, within_spread
 
 LR = 1e-4  # small: Adam's update is ~lr per element whatever the gradient, so weights stay comparable
-# A float64 gradient this many times smaller than the float32 one is zero in exact arithmetic: float64's
-# rounding noise is ~1e-9 of float32's, a real gradient agrees to ~1e-7.
-NULL_GRADIENT = 1e-3
-# A gradient whose float64 size is below float32's smallest normal number is zero on a TPU, which flushes
-# subnormal products before summing them (XLA:CPU too), while CPU PyTorch sums them into values up to a few
-# times this (DeepSeek-OCR2's SAM encoder: RMS 4e-39, elements up to 3.5e-38): null as well. AdamW's update
-# from it is nothing (its size is far below eps); a gradient of normal size is never caught by this.
-SUBNORMAL = 1.1754943508222875e-38  # torch.finfo(torch.float32).tiny
 # Gradients and AdamW steps amplify float32 rounding (sums with cancellation: Bart's layer-norm weight gradient
 # is 1.6e-3 of its scale off float64 on CPU itself), so the float64 reference of the train phase is valid up to
 # this many times the forward's bound (tolerances.yaml `reference`); a reference that took another path or drew
@@ -153,7 +146,8 @@ def run_steps(built: Any, entry: Any, device: str | None, steps: int, dtype: Any
               rebuild: Callable | None = None, compile_backend: Any = None, context: Callable | None = None,
               counter: Callable[[], int | None] | None = None, max_extra: int = 0,
               exclude: tuple[str, ...] = (), freeze: Sequence[str] | Callable[[dict], Sequence[str]] = (),
-              nudge: int | None = None, trace: bool = False) -> dict:
+              nudge: int | None = None, trace: bool = False, states: bool = False,
+              start: dict | None = None) -> dict:
     """Train a fresh copy of the entry's model for `steps` steps on `device` (None: CPU). Returns {"tensors":
     named CPU tensors to compare, "times": seconds per step, "counts": compile count after each step,
     "optimizer": label, "frozen": the parameters the optimizer left alone, "extra_times"/"extra_counts": up to
@@ -166,7 +160,9 @@ def run_steps(built: Any, entry: Any, device: str | None, steps: int, dtype: Any
     run's float32 sample (nudged). `trace`: also "trace", every step's record (list index k: "loss", "grad" and
     "weight" after its optimizer step, CPU copies by parameter name; index 0: the initial "weight"), and
     "order", the parameters in the order step 1's backward produced their gradients (hf-tpu diagnose walks
-    the steps with them). Raises StepError."""
+    the steps with them). `states`: each trace entry also holds the buffers and AdamW's state after it
+    (train_carry.snapshot). `start`: such a trace entry to start from (its weights, buffers, AdamW's state:
+    train_carry's transition check). Raises StepError."""
     import contextlib
 
     import torch
@@ -178,6 +174,8 @@ def run_steps(built: Any, entry: Any, device: str | None, steps: int, dtype: Any
         _nudge([p for _, p in params], nudge)
     if not params:
         raise StepError("step 1 forward", ValueError("the model has no trainable floating-point parameters"))
+    if start is not None:
+        train_carry.load_model(model, params, start)
     frozen: set[str] = set() if callable(freeze) else set(freeze)
     opt, label = None, ""
     fn = built.call if compile_backend is None else compile_call(built.call, model, compile_backend)
@@ -189,7 +187,8 @@ def run_steps(built: Any, entry: Any, device: str | None, steps: int, dtype: Any
     order: list[str] = []
     seen: set[str] = set()
     if trace:  # copies: a CPU parameter's detach() is its storage, which the optimizer steps in place
-        steps_trace.append({"weight": {n: p.detach().to("cpu", copy=True) for n, p in params}})
+        steps_trace.append({"weight": {n: p.detach().to("cpu", copy=True) for n, p in params},
+                            **(train_carry.snapshot(model, params, None) if states else {})})
         def produced(name: str) -> None:
             if name not in seen:
                 seen.add(name)
@@ -222,7 +221,8 @@ def run_steps(built: Any, entry: Any, device: str | None, steps: int, dtype: Any
                     grads = {n: _to_cpu(p.grad) if p.grad is not None else torch.zeros_like(p, device="cpu")
                              for n, p in params}
                     if trace:
-                        steps_trace.append({"loss": out[f"loss.step{k}"], "grad": grads})
+                        steps_trace.append({"loss": out[f"loss.step{k}"], "grad": grads,  # None: not stepped
+                                            "nograd": [n for n, p in params if p.grad is None]})
                 if record and k == 1:
                     out["grad_norm.step1"] = torch.stack([g.double().norm() for g in grads.values()]).norm() \
                         if grads else torch.zeros((), dtype=torch.float64)
@@ -238,6 +238,8 @@ def run_steps(built: Any, entry: Any, device: str | None, steps: int, dtype: Any
                     stack.enter_context(ctx())
                 stepped = [p for n, p in params if n not in frozen]
                 opt, label = make_optimizer(stepped, device) if stepped else (None, "none (every parameter frozen)")
+                if start is not None and opt is not None:
+                    train_carry.load_optimizer(opt, params, start)
                 gap = time.perf_counter() - g0
             stage = f"step {k} optimizer"
             try:
@@ -250,6 +252,8 @@ def run_steps(built: Any, entry: Any, device: str | None, steps: int, dtype: Any
                 raise StepError(stage, exc) from exc
             if trace and record:
                 steps_trace[k]["weight"] = {n: p.detach().to("cpu", copy=True) for n, p in params}
+                if states:
+                    steps_trace[k].update(train_carry.snapshot(model, params, opt))
         counts.append(counter() if counter else None)
 
     with torch.enable_grad():
@@ -264,39 +268,6 @@ def run_steps(built: Any, entry: Any, device: str | None, steps: int, dtype: Any
             one_step(steps + extra + 1, False)  # one timed step after warmup: does it recompile?
     got = {"tensors": out, "times": times, "counts": counts, "optimizer": label, "frozen": sorted(frozen)}
     return {**got, "trace": steps_trace, "order": order} if trace else got
-
-
-def null_gradients(ref: dict, fp64: dict | None) -> list[str]:
-    """The parameters (model order) whose step-1 gradient is zero in exact arithmetic: the float64 run's
-    gradient is below NULL_GRADIENT of the float32 baseline's (float32 noise, nothing to compare), or zero
-    in float32 on a TPU: its float64 size is below float32's smallest normal number (SUBNORMAL)."""
-    if not fp64:
-        return []
-    out = []
-    for name, g in ref.items():
-        f = fp64.get(name)
-        if not name.startswith("grad.") or f is None or tuple(f.shape) != tuple(g.shape):
-            continue
-        rms32, rms64 = numerics.tensor_scale(g), numerics.tensor_scale(f)
-        if (rms32 > 0 and rms64 <= NULL_GRADIENT * rms32) or rms64 < SUBNORMAL:
-            out.append(name[len("grad."):])
-    return out
-
-
-def without(tensors: dict | None, params: list[str]) -> dict | None:
-    """`tensors` without the gradient and final weight of `params`."""
-    if tensors is None or not params:
-        return tensors
-    drop = {f"{k}.{p}" for p in params for k in ("grad", "weight")}
-    return {k: v for k, v in tensors.items() if k not in drop}
-
-
-def null_note(params: list[str]) -> str:
-    if not params:
-        return ""
-    shown = ", ".join(params[:3]) + (f", ... (+{len(params) - 3})" if len(params) > 3 else "")
-    return (f"not compared: {len(params)} parameter(s) with a zero gradient in exact arithmetic or below float32's "
-            f"normal range ({shown})")
 
 
 def run_train(mode: str, built: Any, entry: Any, ref: dict, fp64: dict | None, opts: Any, device: Any,
@@ -317,6 +288,7 @@ def run_train(mode: str, built: Any, entry: Any, ref: dict, fp64: dict | None, o
     perf.reset_peak_rss()
     start = time.perf_counter()
     row: dict = {}
+    stats = None  # the device's counters, read before a transition check's runs where there is one
     steps = getattr(opts, "train_steps", 3)
     backend = None
     if mode == "compiled":
@@ -362,10 +334,22 @@ def run_train(mode: str, built: Any, entry: Any, ref: dict, fp64: dict | None, o
             finally:
                 spent[0] += time.perf_counter() - t0
         cmp, dominated = judge(ref, res, fp64, tol, allow, noisy_fp64, timed_spread, steps)
-        start += spent[0]  # the nudged run is a CPU run: not the row's wall time
+        carried = None
+        if not (cmp.match or dominated) and not train_carry.step1_fails(ref, res, fp64, tol):
+            # the row's columns as they are before the check, which runs tpu's steps again (train_carry.py)
+            stats, t0, c0 = device.stats(), time.perf_counter(), time.process_time()
+            row["peak_rss_mb"] = perf.peak_rss_mb()
+            carried = train_carry.check_row(run_steps, StepError, built, entry, opts, device.name, backend, context,
+                                              dtype, rebuild, tol, null, got, cpu_optimizer, REFERENCE_FACTOR)
+            spent[0] += time.perf_counter() - t0
+            carried.note += f" ({time.process_time() - c0:.1f} CPU-s)"
+        start += spent[0]  # the nudged runs and the transition check: not the row's wall time
         row.update(cmp.metrics())
-        row["status"] = "pass" if cmp.match or dominated else "fail_accuracy"
-        if dominated:
+        row["status"] = "pass" if cmp.match or dominated or (carried and carried.ok) else "fail_accuracy"
+        if carried and carried.ok:
+            key = "uninformative" if carried.uninformative else "error_message"
+            row[key] = errors.normalise("; ".join(n for n in (carried.note, null_note(list(null))) if n))
+        elif dominated:
             row["uninformative"] = errors.normalise(dominated)  # judged by no rule: out of the denominators
         elif cmp.match:
             amplified = train_weights.rescued_note(train_weights.rescued(ref, res, fp64, tol, allow or {}))
@@ -375,17 +359,23 @@ def run_train(mode: str, built: Any, entry: Any, ref: dict, fp64: dict | None, o
         else:
             row["error_type"] = "AccuracyError"
             first = first_diverging_grad(ref, got["tensors"], fp64, tol)
-            row["error_message"] = errors.normalise((f"first diverging gradient: {first}; " if first else "")
+            row["error_message"] = errors.normalise((f"{carried.note}; " if carried else "")
+                                                    + (f"first diverging gradient: {first}; " if first else "")
                                                     + cmp.reason)
             if first:
                 row["located_module"] = first
-    stats = device.stats()
+    stats = stats or device.stats()
     row["compilations"] = stats.get("compilations")
     row["graph_breaks"] = stats.get("graph_breaks")
     row["fallback_ops"] = ";".join(f"{k}:{v}" for k, v in sorted((stats.get("fallback_ops") or {}).items()))
     row.setdefault("peak_rss_mb", perf.peak_rss_mb())
     row["wall_s"] = time.perf_counter() - start
     return row
+
+
+def cpu_optimizer(params: list) -> Any:
+    """The CPU baseline's optimizer over `params` (make_optimizer's)."""
+    return make_optimizer(params, None)[0]
 
 
 def judge(ref: dict, res: dict, fp64: dict | None, tol: numerics.Tolerance, allow: dict | None,

@@ -44,8 +44,9 @@ def test_a_gradient_zero_in_exact_arithmetic_is_not_compared_and_the_row_says_so
     monkeypatch.setattr(train, "null_gradients", lambda ref, fp64: [])
     row = _train_rows("nullgrad", tmp_path)["eager"]
     assert row["reference"].startswith("invalid") and "grad.key.bias" in row["uninformative"], row
-    # and by the rule alone, the noise fails it
+    # and by the rule alone, the noise fails it (the transition check's own step-1 reference is refused alike)
     monkeypatch.setattr(train, "rounding_dominated", lambda *a: "")
+    monkeypatch.setattr(train.train_carry, "check_row", lambda *a: train.train_carry.Carried(False, "off"))
     row = _train_rows("nullgrad", tmp_path / "rule")["eager"]
     assert row["status"] == "fail_accuracy" and "key.bias" in row["error_message"], row
 
@@ -236,6 +237,7 @@ def test_zero_initialised_bias_moved_by_noise_passes_and_a_wrong_optimizer_still
     # tpu is found as near float64 as CPU (an uninformative pass, not a judged one)
     monkeypatch.setattr(train_weights, "allowances", lambda *a, **k: {})
     monkeypatch.setattr(train, "rounding_dominated", lambda *a: "")
+    monkeypatch.setattr(train.train_carry, "check_row", lambda *a: train.train_carry.Carried(False, "off"))
     row = _train_rows("zerobias", tmp_path / "raw")["eager"]
     assert row["status"] == "fail_accuracy" and "weight.mix.bias" in row["error_message"], row
     monkeypatch.undo()
@@ -461,7 +463,9 @@ def test_a_gradient_below_float32s_normal_range_is_null_not_a_false_alarm(tmp_pa
     row = _train_rows("subnormal", tmp_path)["eager"]
     assert row["status"] == "pass", row
     assert "below float32's normal range (tiny.weight)" in row["error_message"], row
-    monkeypatch.setattr(train, "SUBNORMAL", 0.0)
+    from harness.sweep import train_null
+
+    monkeypatch.setattr(train_null, "SUBNORMAL", 0.0)  # null_gradients' module
     row = _train_rows("subnormal", tmp_path / "judged")["eager"]  # judged: CPU with flush-to-zero explains it
     assert row["status"] == "pass" and "flushed to zero" in row["uninformative"], row
     from harness.sweep import train_spread
