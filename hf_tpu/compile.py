@@ -140,7 +140,7 @@ def _aot(gm: torch.fx.GraphModule, example_inputs: list[Any], options: dict, **k
     where it applies."""
     from torch._dynamo.backends.common import aot_autograd
 
-    from hf_tpu import compile_options
+    from hf_tpu import backward_pieces, compile_options
     from hf_tpu.compile_cache import aot_cache
 
     dynamic = any(isinstance(ex, torch.SymInt) or (isinstance(ex, torch.Tensor) and any(
@@ -156,7 +156,8 @@ def _aot(gm: torch.fx.GraphModule, example_inputs: list[Any], options: dict, **k
     # with dynamic sizes skip AOTAutograd's cache
     compiler = functools.partial(graph_compiler.compile_graph, options=options)
     with _memory_format_without_guards() if dynamic else contextlib.nullcontext():
-        return aot_autograd(fw_compiler=compiler, bw_compiler=compiler,
+        return aot_autograd(fw_compiler=compiler,
+                            bw_compiler=functools.partial(backward_pieces.compile_backward, options=options),
                             decompositions=graph_compiler.decompositions(),
                             partition_fn=compile_options.partition_fn())(
             gm, example_inputs, **kwargs

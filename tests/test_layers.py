@@ -53,7 +53,7 @@ HF_TPU_LAYERS: list[tuple[str, list[str]]] = [
     ("eager in-place, view and storage ops",
      ["hf_tpu.functionalize", "hf_tpu.view_ops", "hf_tpu.storage_ops"]),
     ("eager dispatch (routing); the graph compiler", ["hf_tpu.dispatch", "hf_tpu.graph_ident", "hf_tpu.graph_outputs",
-                                                      "hf_tpu.graph_compiler"]),
+                                                      "hf_tpu.graph_compiler", "hf_tpu.backward_pieces"]),
     ("the graph cache; direct kernels", ["hf_tpu.compile_cache", "hf_tpu.compile_cache.*", "hf_tpu.sdpa"]),
     ("the torch.compile backend", ["hf_tpu.compile"]),
     ("torch.tpu and its C++ hooks", ["hf_tpu.tpu_api", "hf_tpu.tpu_api.*", "hf_tpu.native"]),

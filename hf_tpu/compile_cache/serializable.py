@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import math
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -38,16 +39,27 @@ class TpuOutputCode(OutputCode):
 
     gm: torch.fx.GraphModule | None = None
     graph_bytes: bytes | None = None
+    backward: bool = False  # a backward graph: compiled in pieces (backward_pieces.py)
     _run: Callable[[list[Any]], Any] | None = dataclasses.field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        # on the instance, not only the class: AOTAutograd wraps the backward in torch._dynamo.disable, whose
+        # functools.wraps copies the instance's __dict__ only; without it the backward was called unboxed, its
+        # caller's list holding every saved tensor until it returned (backward_pieces frees them as it goes)
+        self._boxed_call = True
 
     def _ensure(self) -> Callable[[list[Any]], Any]:
         if self._run is None:
-            from hf_tpu import graph_compiler
-
             if self.gm is None:
                 self.gm = _load_graph(self.graph_bytes)
-            self._run = graph_compiler.compile_graph(self.gm, _graph_example_inputs(self.gm))
+            self._run = self.compile(_graph_example_inputs(self.gm))
         return self._run
+
+    def compile(self, example_inputs: list[Any]) -> Callable[[list[Any]], Any]:
+        from hf_tpu import backward_pieces, graph_compiler
+
+        compile_fn = backward_pieces.compile_backward if self.backward else graph_compiler.compile_graph
+        return compile_fn(self.gm, example_inputs)
 
     def __call__(self, *inputs: Any) -> Any:
         # boxed (one list) from AOTAutograd's wrappers; unboxed through SerializableCompiledFunction's
@@ -191,13 +203,12 @@ def seeded_ops(gm: torch.fx.GraphModule) -> list[str]:
             and isinstance(n.target, torch._ops.OpOverload) and torch.Tag.nondeterministic_seeded in n.target.tags]
 
 
-def _make_output_code(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> TpuOutputCode:
-    from hf_tpu import graph_compiler
-
+def _make_output_code(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], backward: bool = False
+                      ) -> TpuOutputCode:
     if _seeded_records:
         _seeded_records[-1].extend(seeded_ops(gm))
-    code = TpuOutputCode(gm=gm)
-    code._run = graph_compiler.compile_graph(gm, list(example_inputs))
+    code = TpuOutputCode(gm=gm, backward=backward)
+    code._run = code.compile(list(example_inputs))
     return code
 
 
@@ -233,7 +244,7 @@ def serializable_aot_autograd(gm: torch.fx.GraphModule, example_inputs: list[Any
 
     # two instances: AOTAutograd wraps the backward compiler's function in place
     fw = SerializableAOTDispatchCompiler(TpuOutputCode, _make_output_code)
-    bw = SerializableAOTDispatchCompiler(TpuOutputCode, _make_output_code)
+    bw = SerializableAOTDispatchCompiler(TpuOutputCode, functools.partial(_make_output_code, backward=True))
     with torch._functorch.config.patch(bundled_autograd_cache=True):
         return aot_autograd(fw_compiler=fw, bw_compiler=bw, decompositions=graph_compiler.decompositions(),
                             partition_fn=compile_options.partition_fn())(
