@@ -125,7 +125,8 @@ def compile_backward(gm: torch.fx.GraphModule, example_inputs: list[Any], option
     `plan(gm)` run in order (module docstring). Boxed: called with one list of inputs, which it clears."""
     cuts = plan(gm)
     if not cuts:
-        return graph_compiler.compile_graph(gm, example_inputs, options)
+        # options by keyword: hooks.observe_graphs (hf-tpu diagnose) stands in for compile_graph and takes them so
+        return graph_compiler.compile_graph(gm, example_inputs, options=options)
     position = {n: i for i, n in enumerate(gm.graph.nodes)}
     split = split_module(
         gm, None, lambda n: sum(position[n] > c for c in cuts), keep_original_order=True)
@@ -133,7 +134,7 @@ def compile_backward(gm: torch.fx.GraphModule, example_inputs: list[Any], option
     for name, piece in split.named_children():
         single = _tuple_output(piece)
         run = graph_compiler.compile_graph(piece, [n.meta["val"] for n in piece.graph.nodes
-                                                   if n.op == "placeholder"], options)
+                                                   if n.op == "placeholder"], options=options)
         pieces[name] = (lambda r: lambda args: r(args)[0])(run) if single else run
 
     def call(args: list[Any]) -> Any:
