@@ -100,39 +100,9 @@ def tpu_backend(gm: torch.fx.GraphModule, example_inputs: list[Any], **kwargs: A
     counters.bump("graphs")
     start = time.perf_counter()
     try:
-        with _regenerate_aliases_from_metadata():
-            return _aot(gm, example_inputs, options, **kwargs)
+        return _aot(gm, example_inputs, options, **kwargs)
     finally:
         counters.bump_time("aot_s", time.perf_counter() - start)
-
-
-@contextlib.contextmanager
-def _regenerate_aliases_from_metadata() -> Iterator[None]:
-    """An output that aliases another (a view of an intermediate the graph also returns) is rebuilt at run time
-    by AOTAutograd, by replaying the ViewMeta sequence functionalization recorded while tracing. PyTorch 2.13's
-    hand-written functionalization kernel of `_unsafe_view` (FunctionalizeFallbackKernel.cpp; a 3-d matmul ends
-    in one) records a ViewMeta whose sizes refer to a freed list: the replay reads whatever the allocator put
-    there since (its as_tuple() shows the garbage on CPU too; CPU kernels happen to run before the memory is
-    reused, tpu's Python kernels allocate first). Step3p7Model's compiled training step failed with "shape
-    '[94059980854764, 7647175993348940116, 64]' is invalid". While this backend traces, `_unsafe_view` on a
-    functional tensor is functionalized as `view` (which records an owning ViewMeta): to functionalization both
-    are views of the same storage, and autograd, the only one that tells them apart, has run above it. The
-    kernel is PyTorch's own again once the trace is done: nothing changes outside hf_tpu's compiles."""
-    import warnings
-
-    lib = torch.library.Library("aten", "IMPL")
-    try:
-        with warnings.catch_warnings():
-            # the override is the point: PyTorch warns on any re-registration of an aten kernel
-            warnings.filterwarnings("ignore", message="(?s).*Overriding a previously registered kernel", category=UserWarning)
-            lib.impl("_unsafe_view", _unsafe_view_as_view, "Functionalize")
-        yield
-    finally:
-        lib._destroy()
-
-
-def _unsafe_view_as_view(self: torch.Tensor, size: Any) -> torch.Tensor:
-    return torch.ops.aten.view.default(self, size)
 
 
 def _aot(gm: torch.fx.GraphModule, example_inputs: list[Any], options: dict, **kwargs: Any) -> Callable[..., Any]:
@@ -140,7 +110,7 @@ def _aot(gm: torch.fx.GraphModule, example_inputs: list[Any], options: dict, **k
     where it applies."""
     from torch._dynamo.backends.common import aot_autograd
 
-    from hf_tpu import backward_pieces, compile_options
+    from hf_tpu import backward_pieces, compile_options, unsafe_view_fix
     from hf_tpu.compile_cache import aot_cache
 
     dynamic = any(isinstance(ex, torch.SymInt) or (isinstance(ex, torch.Tensor) and any(
@@ -155,7 +125,7 @@ def _aot(gm: torch.fx.GraphModule, example_inputs: list[Any], options: dict, **k
     # TorchTPU's bucket options reach the graph compiler (bounded dynamism: bounded.py); as there, graphs
     # with dynamic sizes skip AOTAutograd's cache
     compiler = functools.partial(graph_compiler.compile_graph, options=options)
-    with _memory_format_without_guards() if dynamic else contextlib.nullcontext():
+    with _memory_format_without_guards() if dynamic else contextlib.nullcontext(), unsafe_view_fix.tracing():
         return aot_autograd(fw_compiler=compiler,
                             bw_compiler=functools.partial(backward_pieces.compile_backward, options=options),
                             decompositions=graph_compiler.decompositions(),

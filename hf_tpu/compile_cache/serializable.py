@@ -240,12 +240,12 @@ def serializable_aot_autograd(gm: torch.fx.GraphModule, example_inputs: list[Any
     from torch._dynamo.backends.common import aot_autograd
     from torch._functorch._aot_autograd.schemas import SerializableAOTDispatchCompiler
 
-    from hf_tpu import compile_options, graph_compiler
+    from hf_tpu import compile_options, graph_compiler, unsafe_view_fix
 
     # two instances: AOTAutograd wraps the backward compiler's function in place
     fw = SerializableAOTDispatchCompiler(TpuOutputCode, _make_output_code)
     bw = SerializableAOTDispatchCompiler(TpuOutputCode, functools.partial(_make_output_code, backward=True))
-    with torch._functorch.config.patch(bundled_autograd_cache=True):
+    with torch._functorch.config.patch(bundled_autograd_cache=True), unsafe_view_fix.tracing():
         return aot_autograd(fw_compiler=fw, bw_compiler=bw, decompositions=graph_compiler.decompositions(),
                             partition_fn=compile_options.partition_fn())(
             gm, example_inputs, **kwargs)

@@ -260,7 +260,8 @@ def test_boolean_mask_setitem_trains_compiled(highest, monkeypatch, tmp_path, fn
     assert compile_cache.stats()["saved"] == 1  # the one graph ran, forward and backward
 
 
-def test_output_aliasing_a_matmul_result_is_rebuilt_from_its_sizes(highest, monkeypatch) -> None:
+@pytest.mark.parametrize("graph_cache", [False, True], ids=["tpu backend", "graph cache's backend"])
+def test_output_aliasing_a_matmul_result_is_rebuilt_from_its_sizes(highest, monkeypatch, graph_cache: bool) -> None:
     # Step3p7Model's compiled training step: outputs that are views of a 3-d matmul's result (mm, then
     # _unsafe_view) are rebuilt by AOTAutograd at run time. PyTorch 2.13's _unsafe_view ViewMeta keeps its
     # sizes as a dangling reference, and replaying it made tpu's view read garbage ("shape '[94059980854764,
@@ -288,7 +289,9 @@ def test_output_aliasing_a_matmul_result_is_rebuilt_from_its_sizes(highest, monk
     sum(o.square().sum() for o in want).backward()
     torch._dynamo.reset()
     xt, wt = x.to("tpu").requires_grad_(), w.to("tpu").requires_grad_()
-    got = torch.compile(f, backend="tpu")(xt, wt)
+    from hf_tpu.compile_cache import serializable
+
+    got = torch.compile(f, backend=serializable.serializable_backend if graph_cache else "tpu")(xt, wt)
     sum(o.square().sum() for o in got).backward()
     assert "_unsafe_view_ViewMeta" not in replayed
     for g, c in zip(got, want):
