@@ -4,7 +4,7 @@ left out of the comparison and frozen in every run (train.py's module doc says w
 
 from __future__ import annotations
 
-from harness.sweep import numerics
+from harness.sweep import numerics, train_weights
 
 # A float64 gradient this many times smaller than the float32 one is zero in exact arithmetic: float64's
 # rounding noise is ~1e-9 of float32's, a real gradient agrees to ~1e-7.
@@ -44,6 +44,6 @@ def without(tensors: dict | None, params: list[str]) -> dict | None:
 def null_note(params: list[str]) -> str:
     if not params:
         return ""
-    shown = ", ".join(params[:3]) + (f", ... (+{len(params) - 3})" if len(params) > 3 else "")
+    shown = train_weights.first_names(params)
     return (f"not compared: {len(params)} parameter(s) with a zero gradient in exact arithmetic or below float32's "
             f"normal range ({shown})")

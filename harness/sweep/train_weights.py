@@ -87,9 +87,15 @@ def rescued(ref: dict, res: dict, fp64: dict | None, tol: numerics.Tolerance, al
     return out
 
 
+def first_names(params: list[str], shown: int = 3) -> str:
+    """The first `shown` names, and how many more: a row's note names a few parameters, not thousands."""
+    more = len(params) - shown
+    return ", ".join(params[:shown]) + (f", ... (+{more})" if more > 0 else "")
+
+
 def rescued_note(params: list[str]) -> str:
     if not params:
         return ""
-    shown = ", ".join(params[:3]) + (f", ... (+{len(params) - 3})" if len(params) > 3 else "")
+    shown = first_names(params)
     return (f"{len(params)} final weight(s) within AdamW's amplification of the gradients' rounding "
             f"({shown})")
