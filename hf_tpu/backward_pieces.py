@@ -11,16 +11,18 @@ before it calls the backward (`ctx.maybe_clear_saved_tensors()`), and the pieces
 Interpreter with `garbage_collect_values` from a boxed argument list, so nothing else holds them.
 
 The cuts (`plan`) are chosen from the graph alone (a graph loaded from the graph cache is cut the same way):
-`pieces` pieces, each releasing about an equal share of the graph's input bytes, each cut where the fewest
-bytes of intermediate values cross it (in a transformer, between layers: the residual stream's gradient). A
-graph whose inputs are too small to be worth more programs is compiled whole. The pieces are the same ATen
-ops lowered the same way; XLA fuses within a piece only, and the values that cross a cut are materialised.
+up to `pieces` pieces, each releasing about an equal share of the graph's input bytes, each cut where the
+fewest bytes cross it that one program would not write out either (in a transformer, between layers: the
+residual stream's gradient), and never where that is more than an eighth of a share (inside the cross-entropy's
+elementwise chain over the vocabulary, say). Views and casts are computed in the piece of their first reader, so
+a cut crosses the value they read. A graph whose inputs are too small to be worth more programs is compiled
+whole. The pieces are the same ATen ops lowered the same way; XLA fuses within a piece only.
 
-Measured (GPT-2 124M, AdamW fused, bfloat16 autocast, 4 x 128: benchmarks/finetune_step.py --modes tpu-compiled,
-3 pairs of processes alternating with HF_TPU_BACKWARD_PIECE_BYTES=100000000000, which compiles every backward
-whole; machine loaded by a 2-worker sweep): 14 pieces; peak RSS 2.99-3.10 GB against 3.18-3.25 (CPU 2.87-2.89);
-losses and gradient sums bit-identical; CPU-seconds per step 1.91-2.17 against 1.68-1.91 (+0.23-0.30 in each
-pair: more page faults as the freed blocks are reused, or the materialised cut values; not separated).
+Measured (`benchmarks/backward_phases.py`: GPT-2 124M, AdamW fused, bfloat16 autocast, 4 x 128, quiet machine;
+the backward's CPU-seconds, median (min-max) of steps 3-6, and the process's peak RSS): one program 0.85
+(0.81-0.90), 3.14 GB; as here, 13 pieces, 0.86 (0.82-0.86), 3.09 GB; the first version, cut by bytes alone
+(three cuts in the head, each writing a (4, 128, 50257) value, and the LM head's float32 weight gradient
+crossing every cut), 1.19-1.27 CPU-s, 3.07 GB. Losses and gradient sums bit-identical to the one program's.
 """
 
 from __future__ import annotations
@@ -47,14 +49,52 @@ def _bytes(val: Any) -> int:
     return sum(v.numel() * v.element_size() for v in pytree.tree_leaves(val) if isinstance(v, torch.Tensor))
 
 
+aten = torch.ops.aten
+# Ops whose results XLA writes to memory in one program too (a dot's or convolution's consumers are not fused
+# into it; hf-tpu's torch dots are custom calls): a cut after them materialises nothing the whole program would not
+_MATERIALISED = {aten.mm.default, aten.bmm.default, aten.addmm.default, aten.baddbmm.default,
+                 aten.convolution.default, aten.convolution_backward.default}
+# Views and casts of one value are computed in the piece of their first reader, so that a cut crosses the value
+# they read rather than a copy (GPT-2's tied embedding: the LM head's weight gradient, cast to float32 at the
+# start of the backward and read at its end, crossed every cut as a 154 MB float32 copy)
+_SUNK = {aten.t.default, aten.transpose.int, aten.permute.default, aten.view.default, aten._unsafe_view.default,
+         aten._to_copy.default, aten.expand.default, aten.unsqueeze.default, aten.squeeze.dim, aten.alias.default}
+# A cut may materialise at most this share of the input bytes a piece releases (between transformer layers: the
+# residual stream's gradient, ~3% of a GPT-2 layer's saved activations). The values crossing a cut are written
+# to fresh buffers and read back, and XLA's fusion across it is lost: GPT-2's cross-entropy backward, cut from
+# the LM head's gradient dots at two (4, 128, 50257) values, cost +0.3 CPU-s per step.
+MAX_CROSSING_SHARE = 0.125
+
+
+def _order(gm: torch.fx.GraphModule) -> list[torch.fx.Node]:
+    """gm's nodes in the order its pieces run them: views and casts (_SUNK) moved to just before their first
+    reader (a valid order: a moved node's input comes before it still)."""
+    nodes = list(gm.graph.nodes)
+    index = {n: i for i, n in enumerate(nodes)}
+    place = dict(index)
+    sunk = set()
+    for n in reversed(nodes):
+        if (n.op == "call_function" and n.target in _SUNK and len(n.all_input_nodes) == 1 and n.users
+                and all(u.op != "output" for u in n.users)):
+            place[n] = min(place[u] for u in n.users)
+            sunk.add(n)
+    # a moved node goes before its reader; moved nodes bound for one reader keep their own order
+    return sorted(nodes, key=lambda n: (place[n], n not in sunk, index[n]))
+
+
+def _materialised(n: torch.fx.Node) -> bool:
+    if n.target is operator.getitem:
+        n = n.args[0]
+    return n.op == "call_function" and n.target in _MATERIALISED
+
+
 def plan(gm: torch.fx.GraphModule, min_piece_bytes: int | None = None, max_pieces: int = MAX_PIECES
          ) -> list[int]:
-    """Positions in gm's node list after which the graph is cut (empty: compiled whole). `min_piece_bytes`
+    """Positions in `_order(gm)` after which the graph is cut (empty: compiled whole). `min_piece_bytes`
     (default MIN_PIECE_BYTES, or HF_TPU_BACKWARD_PIECE_BYTES): the input bytes a piece must release."""
     if min_piece_bytes is None:
         min_piece_bytes = int(os.environ.get("HF_TPU_BACKWARD_PIECE_BYTES", MIN_PIECE_BYTES))
     nodes = list(gm.graph.nodes)
-    index = {n: i for i, n in enumerate(nodes)}
     placeholders = [n for n in nodes if n.op == "placeholder"]
     # symbolic sizes or scalar inputs: compiled whole (a piece's program would need them passed along)
     if any(not isinstance(p.meta.get("val"), torch.Tensor) for p in placeholders) or any(
@@ -62,21 +102,25 @@ def plan(gm: torch.fx.GraphModule, min_piece_bytes: int | None = None, max_piece
         return []
     if any(n.op == "call_function" and n.target is torch.ops.higher_order.with_effects for n in nodes):
         return []  # effect tokens order their ops across the whole program (and carry error checks)
-    last = {n: max((index[u] for u in n.users), default=index[n]) for n in nodes}
+    nodes = _order(gm)
+    place = {n: i for i, n in enumerate(nodes)}
+    last = {n: max((place[u] for u in n.users), default=place[n]) for n in nodes}
     total = sum(_bytes(p.meta["val"]) for p in placeholders)
     count = min(max_pieces, total // max(min_piece_bytes, 1))
     if count < 2:
         return []
     # freed[i]: input bytes whose last reader is at or before position i; crossing[i]: bytes of intermediate
-    # values made at or before i and read after it (not the graph's outputs, which are held to the end anyway)
+    # values made at or before i and read after it that one program would not write out either (not the
+    # graph's outputs, held to the end anyway, nor dot results)
     freed = [0] * len(nodes)
     crossing = [0] * (len(nodes) + 1)
     for p in placeholders:
         freed[last[p]] += _bytes(p.meta["val"])
     for n in nodes:
-        if n.op == "call_function" and last[n] > index[n] and not any(u.op == "output" for u in n.users):
+        if (n.op == "call_function" and last[n] > place[n] and not any(u.op == "output" for u in n.users)
+                and not _materialised(n)):
             b = _bytes(n.meta.get("val"))
-            crossing[index[n]] += b
+            crossing[place[n]] += b
             crossing[last[n]] -= b
     for i in range(1, len(nodes)):
         freed[i] += freed[i - 1]
@@ -89,9 +133,11 @@ def plan(gm: torch.fx.GraphModule, min_piece_bytes: int | None = None, max_piece
         # each piece releases half a share at least (one large input can span several shares: fewer pieces)
         start = cuts[-1] + 1 if cuts else first
         lo = max(lo, (freed[cuts[-1]] if cuts else 0) + share / 2)
-        # a cut has call nodes on both sides, and not a multi-output op's results before their getitems
+        # a cut has call nodes on both sides, and not a multi-output op's results before their getitems; and
+        # it materialises little (MAX_CROSSING_SHARE)
         window = [i for i in range(start, len(nodes) - 2) if nodes[i].op == "call_function"
-                  and nodes[i + 1].target is not operator.getitem and lo <= freed[i] <= hi]
+                  and nodes[i + 1].target is not operator.getitem and lo <= freed[i] <= hi
+                  and crossing[i] <= share * MAX_CROSSING_SHARE]
         if window:
             cuts.append(min(window, key=lambda i: (crossing[i], abs(freed[i] - k * share))))
     return cuts
@@ -127,9 +173,12 @@ def compile_backward(gm: torch.fx.GraphModule, example_inputs: list[Any], option
     if not cuts:
         # options by keyword: hooks.observe_graphs (hf-tpu diagnose) stands in for compile_graph and takes them so
         return graph_compiler.compile_graph(gm, example_inputs, options=options)
-    position = {n: i for i, n in enumerate(gm.graph.nodes)}
-    split = split_module(
-        gm, None, lambda n: sum(position[n] > c for c in cuts), keep_original_order=True)
+    order = _order(gm)
+    for before, n in zip(order, order[1:]):  # the graph in that order, so that each piece's nodes are together
+        before.append(n)
+    gm.recompile()
+    place = {n: i for i, n in enumerate(order)}
+    split = split_module(gm, None, lambda n: sum(place[n] > c for c in cuts), keep_original_order=True)
     pieces: dict[str, Callable[[list[Any]], Any]] = {}
     for name, piece in split.named_children():
         single = _tuple_output(piece)
