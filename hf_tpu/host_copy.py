@@ -3,6 +3,10 @@ copies a transfer makes and when XLA:CPU may adopt host memory instead of copyin
 
 from __future__ import annotations
 
+import ctypes
+import functools
+import mmap
+import sys
 from typing import Any
 
 import numpy as np
@@ -85,6 +89,40 @@ def to_cpu(array: Any, dtype: torch.dtype) -> torch.Tensor:
 PARALLEL_COPY_BYTES = 32 << 20
 
 
+# MADV_HUGEPAGE (linux/mman.h): back the range with 2 MiB pages where transparent huge pages are "madvise" or
+# "always" (a no-op where they are "never").
+_MADV_HUGEPAGE = 14
+
+
+@functools.cache
+def _madvise() -> Any:
+    libc = ctypes.CDLL(None, use_errno=True)  # the process's own libc
+    fn = libc.madvise
+    fn.argtypes, fn.restype = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int], ctypes.c_int
+    return fn
+
+
+def advise_huge_pages(dst: torch.Tensor) -> None:
+    """Ask Linux for huge pages under a large CPU tensor about to be written (a `.cpu()` destination of
+    PARALLEL_COPY_BYTES or more). glibc maps such a block fresh on every allocation, so each 4 KiB page is
+    faulted in and zeroed by the copy's first write; with 2 MiB pages the faults are 512x fewer. Measured on
+    this host (transparent huge pages "madvise"), a fresh 64 x 151,936 float32 `.cpu()` (a compiled Qwen3-wide
+    forward's logits), median of 15 alternating: 15.4 -> 8.4 ms wall and CPU-ms; in the compiled forward with
+    its `.cpu()`, paired in one process beside another busy process: the copy 18.2-18.4 -> 12.0-12.4 ms, the
+    whole 0.975-0.983x wall and CPU-seconds. By hand (ctypes' madvise)
+    because PyTorch's only switch, THP_MEM_ALLOC_ENABLE, is read once at start-up and changes every
+    allocation of the process, CPU eager's too; this advises just the pages the copy writes (whole pages
+    inside the tensor's storage) and changes no value. Errors (another OS, an old kernel) are ignored."""
+    if sys.platform != "linux":
+        return
+    start = dst.data_ptr()
+    end = start + dst.numel() * dst.element_size()
+    page = mmap.PAGESIZE
+    start, end = -(-start // page) * page, end // page * page
+    if end > start:
+        _madvise()(start, end - start, _MADV_HUGEPAGE)
+
+
 def copy_to_cpu(array: Any, src_dtype: torch.dtype, dst: torch.Tensor) -> None:
     """Write a JAX array (of a tpu tensor of `src_dtype`) into the CPU tensor `dst`, with no intermediate
     copy where dtypes and layout allow: np.asarray of an XLA:CPU array is a view of its memory (DLPack's
@@ -95,6 +133,7 @@ def copy_to_cpu(array: Any, src_dtype: torch.dtype, dst: torch.Tensor) -> None:
     if src_dtype == dst.dtype and dst.is_contiguous() and array.size == dst.numel() \
             and not dst.is_conj() and not dst.is_neg():
         if array.nbytes >= PARALLEL_COPY_BYTES and src_dtype not in float8.DTYPES:
+            advise_huge_pages(dst)
             src = torch.from_dlpack(array)
             dst.detach().copy_(src if src.shape == shape else src.view(shape))  # same bits: a plain copy
             return

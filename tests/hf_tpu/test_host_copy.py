@@ -52,3 +52,36 @@ def test_a_large_copy_takes_copy_and_owns_its_memory(monkeypatch):
     small = torch.randn(64, 100)
     assert torch.equal(small.to("tpu").cpu(), small)
     assert len(calls) == 2  # the second large copy only: the small one took numpy
+
+
+def _vm_flags(address: int) -> list[str]:
+    """VmFlags of the mapping holding `address` (/proc/self/smaps)."""
+    inside = False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split()[0]
+            if "-" in head and not head.endswith(":"):
+                lo, hi = (int(v, 16) for v in head.split("-"))
+                inside = lo <= address < hi
+            elif inside and head == "VmFlags:":
+                return line.split()[1:]
+    raise AssertionError(f"no mapping holds {address:#x}")
+
+
+def _thp_mode() -> str | None:
+    try:
+        text = open("/sys/kernel/mm/transparent_hugepage/enabled").read()
+    except OSError:
+        return None
+    return text[text.index("[") + 1:text.index("]")]
+
+
+@pytest.mark.skipif(_thp_mode() in (None, "never"), reason="no transparent huge pages on this host")
+def test_a_large_cpu_copy_asks_for_huge_pages():
+    """The destination of a large `.cpu()` (glibc maps it fresh, so every page is faulted in by the copy) is
+    advised MADV_HUGEPAGE: its mapping carries the kernel's 'hg' flag. A small one is left alone."""
+    x = torch.randn(64, 160_000)
+    c = x.to("tpu").cpu()
+    assert torch.equal(c, x)
+    assert "hg" in _vm_flags(c.data_ptr() + c.nbytes // 2)
+    assert "hg" not in _vm_flags(x.data_ptr() + x.nbytes // 2)  # the source, allocated by torch alone
