@@ -37,8 +37,13 @@ TARGETS = ("hf_tpu_torch_mm", "hf_tpu_torch_addmm")
 # bfloat16 ones, "all" float32 ones too, "0" none. Measured on this 2-core AMX-BF16 host
 # (benchmarks/torch_dots_bench.py, the fastest of many calls, so the nearest to a quiet machine): bfloat16
 # dots take 0.2-0.9x XLA's wall time and 0.3-0.5x its CPU time at GPT-2's training shapes (oneDNN's AMX kernel
-# against YNNPACK's); float32 ones at M=64 0.85-1.12x the wall time and ~1.5x the CPU time (MKL against YNNPACK:
-# no gain), so float32 stays XLA's unless asked for.
+# against YNNPACK's); float32 ones at M=64 gain nothing where it counts, so float32 stays XLA's unless asked
+# for. Per dot with the weight as models hold it ((N, K), nn.Linear and tied LM heads: torch_dots_bench.py
+# --weight nk), a quiet moment: torch 1.00-1.05x XLA's wall at GPT-2's shapes, 1.19x at Qwen3's LM head (XLA's
+# YNNPACK is slower only with a (K, N) weight: the LM head 0.77x). In the compiled forward, paired in one
+# process: GPT-2 with every float32 dot through torch 1.01x wall, 0.99x CPU-s; Qwen3-wide 1.14x, 1.23x; beside
+# a second busy process worse in every round (MKL's OpenMP splits each dot statically over two threads, one
+# team per XLA thread calling it, where YNNPACK's tasks rebalance when a core is taken).
 _SETTING = os.environ.get("HF_TPU_TORCH_DOTS", "1")
 ENABLED = _SETTING != "0"
 DTYPES = ("bfloat16", "float32") if _SETTING == "all" else ("bfloat16",)
