@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from hf_tpu import op_registry
+from hf_tpu import op_registry, torch_dot_ffi
 from hf_tpu.op_registry import lowers
 
 aten = torch.ops.aten
@@ -39,7 +39,8 @@ def _log_softmax(x: Any, dim: int, half_to_float: bool = False) -> Any:
         return jnp.zeros((), x.dtype)
     dim %= x.ndim
     if x.dtype not in (jnp.bfloat16, jnp.float16) or x.size == 0:
-        return jax.nn.log_softmax(x, dim)
+        long_rows = torch_dot_ffi.log_softmax(x, dim)  # float32 rows too long for XLA:CPU's reduction
+        return jax.nn.log_softmax(x, dim) if long_rows is None else long_rows
     half, xf = x.dtype, x.astype(jnp.float32)
     shifted = xf - jnp.max(xf, axis=dim, keepdims=True)
     total = jnp.sum(jnp.exp(shifted), axis=dim, keepdims=True)
@@ -48,6 +49,18 @@ def _log_softmax(x: Any, dim: int, half_to_float: bool = False) -> Any:
     else:
         lse = jnp.log(total)
     return (shifted - lse).astype(half)
+
+
+@lowers(aten._log_softmax_backward_data.default)
+def _log_softmax_backward_data(grad: Any, out: Any, dim: int, input_dtype: Any) -> Any:
+    """grad - exp(out) * sum(grad) (PyTorch's decomposition and CPU kernel), except float32 rows too long for
+    XLA:CPU's reduction (torch_dot_ffi.LONG_ROW), which take PyTorch's kernel; half inputs arrive in float32
+    (the op is OPMATH: CPU computes them so)."""
+    long_rows = torch_dot_ffi.log_softmax_backward(grad, out, dim)
+    if long_rows is not None:
+        return long_rows
+    jnp = _jax().numpy
+    return grad - jnp.exp(out) * jnp.sum(grad, axis=dim, keepdims=True)
 
 
 @lowers(aten.pow.Tensor_Scalar)

@@ -1,4 +1,5 @@
-"""Large float dots inside XLA:CPU programs as a call into PyTorch's CPU matmul (an XLA FFI custom call).
+"""Large float dots inside XLA:CPU programs as a call into PyTorch's CPU matmul (an XLA FFI custom call); and
+log_softmax over long rows and its backward as calls into PyTorch's kernels (LONG_ROW, at the end).
 
 A compiled graph (torch.compile(backend="tpu")), a fused-mode graph or an eager op's program is one XLA program;
 its dots are XLA:CPU's own (YNNPACK), which on the 2-core host of issue 31 ran each M=64 layer dot mostly on
@@ -32,7 +33,7 @@ from typing import Any
 from hf_tpu import executable_cache, runtime
 
 SOURCE = Path(__file__).with_name("native") / "torch_dot.cpp"
-TARGETS = ("hf_tpu_torch_mm", "hf_tpu_torch_addmm")
+TARGETS = ("hf_tpu_torch_mm", "hf_tpu_torch_addmm", "hf_tpu_torch_log_softmax", "hf_tpu_torch_log_softmax_backward")
 # Which dots go to PyTorch (in eager op programs, fused and compiled graphs alike), by HF_TPU_TORCH_DOTS: "1" (the default)
 # bfloat16 ones, "all" float32 ones too, "0" none. Measured on this 2-core AMX-BF16 host
 # (benchmarks/torch_dots_bench.py, the fastest of many calls, so the nearest to a quiet machine): bfloat16
@@ -112,12 +113,13 @@ def status() -> dict[str, Any]:
     return {k: v for k, v in _state.items() if k != "lib"}
 
 
-def calls() -> int:
-    """Dots the handlers computed in this process so far (0 before they are loaded)."""
+def calls(kind: str = "dot") -> int:
+    """Dots (kind "dot") or log_softmax forwards and backwards ("log_softmax") the handlers computed in this
+    process so far (0 before they are loaded)."""
     lib = _state.get("lib")
     if lib is None:
         return 0
-    fn = lib.hf_tpu_torch_dot_calls
+    fn = getattr(lib, f"hf_tpu_torch_{kind}_calls")
     fn.restype = ctypes.c_int64
     return int(fn())
 
@@ -234,3 +236,63 @@ def lowered(name: str, args: tuple, kwargs: dict, prec: str) -> Any:
     x, y = precision.round_operand(x, prec), precision.round_operand(y, prec)  # a bias is added in float32
     out = _differentiable()(x, y, bias, tl, tr, beta, alpha)
     return out if lead is None else out.reshape(*lead, out.shape[-1])
+
+
+# ------------------------------------------------------------------------------------ log_softmax, long rows
+# Rows longer than this take PyTorch's log_softmax and its backward (HF_TPU_TORCH_LOG_SOFTMAX_ROW). XLA:CPU
+# reduces exp(x) over a row of more than 32,768 elements on one thread and ~10x slower per element than over
+# shorter ones (measured on this 2-core host, exp-sum over 26M float32 elements: rows of 32,768 4.2 ms, of
+# 50,257 (GPT-2's vocabulary) 44 ms, of 65,536 39 ms); a language model's cross-entropy reduces over its
+# vocabulary twice per training step (Qwen3's 151,936: ~0.3 s of a 1.7 s compiled step).
+LONG_ROW = int(os.environ.get("HF_TPU_TORCH_LOG_SOFTMAX_ROW", str(1 << 15)))
+
+
+def _takes_rows(x: Any, dim: int) -> bool:
+    return (ENABLED and getattr(x, "dtype", None) is not None and x.dtype.name == "float32" and x.ndim >= 1
+            and dim % x.ndim == x.ndim - 1 and x.shape[-1] > LONG_ROW and ensure())
+
+
+def _log_softmax_backward_call(grad: Any, out: Any) -> Any:
+    jax = runtime.jax()
+    return jax.ffi.ffi_call("hf_tpu_torch_log_softmax_backward", jax.ShapeDtypeStruct(out.shape, out.dtype))(
+        grad, out)
+
+
+@functools.cache
+def _differentiable_log_softmax() -> Any:
+    """The handler's log_softmax with the handler's backward as its VJP (a lowering traced under jax.vjp by
+    backward_lowerings must not meet an FFI call without a derivative rule)."""
+    jax = runtime.jax()
+
+    def call(x: Any) -> Any:
+        return jax.ffi.ffi_call("hf_tpu_torch_log_softmax", jax.ShapeDtypeStruct(x.shape, x.dtype))(x)
+
+    @jax.custom_vjp
+    def log_softmax(x: Any) -> Any:
+        return call(x)
+
+    def fwd(x: Any) -> Any:
+        out = call(x)
+        return out, out
+
+    def bwd(out: Any, g: Any) -> Any:
+        return (_log_softmax_backward_call(g, out),)
+
+    log_softmax.defvjp(fwd, bwd)
+    return log_softmax
+
+
+def log_softmax(x: Any, dim: int) -> Any | None:
+    """log_softmax of a float32 array over its last dimension `dim` through PyTorch's kernel when its rows are
+    longer than LONG_ROW, else None (the caller runs XLA's)."""
+    if not _takes_rows(x, dim):
+        return None
+    return _differentiable_log_softmax()(x)
+
+
+def log_softmax_backward(grad: Any, out: Any, dim: int) -> Any | None:
+    """_log_softmax_backward_data of float32 arrays over the last dimension `dim` through PyTorch's kernel when
+    the rows are longer than LONG_ROW, else None."""
+    if not (_takes_rows(out, dim) and getattr(grad, "dtype", None) == out.dtype and grad.shape == out.shape):
+        return None
+    return _log_softmax_backward_call(grad, out)

@@ -1,5 +1,6 @@
-// XLA FFI handlers that compute a dot with PyTorch's CPU matmul (at::mm / at::bmm / at::addmm) on XLA's own
-// buffers, for programs XLA:CPU runs (hf_tpu/torch_dot_ffi.py explains when and why). Operands and result are
+// XLA FFI handlers that run PyTorch's CPU kernels on XLA's own buffers, for programs XLA:CPU runs
+// (hf_tpu/torch_dot_ffi.py explains when and why): a dot with PyTorch's matmul (at::mm / at::bmm / at::addmm),
+// and log_softmax over long rows and its backward (at::_log_softmax / at::_log_softmax_backward_data). Operands and result are
 // wrapped as CPU tensors with at::from_blob (no copy); the result is written in place by the *_out kernels.
 //
 // Attributes: transpose_lhs / transpose_rhs (int64, 0 or 1): the operand as stored is the transpose of the
@@ -110,7 +111,53 @@ ffi::Error AddmmImpl(ffi::AnyBuffer bias, ffi::AnyBuffer lhs, ffi::AnyBuffer rhs
   return ffi::Error::Success();
 }
 
+std::atomic<int64_t> rows{0};  // log_softmax handler calls (tests read it)
+
+ffi::Error check_float(const ffi::AnyBuffer& b, const char* what) {
+  if (b.element_type() != ffi::DataType::F32) {
+    return ffi::Error(ffi::ErrorCode::kInvalidArgument, std::string("hf_tpu torch log_softmax: ") + what +
+                                                            " must be float32");
+  }
+  return ffi::Error::Success();
+}
+
+// log_softmax over the last dimension of a float32 array (the caller takes only that case)
+ffi::Error LogSoftmaxImpl(ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> out) {
+  auto e = check_float(x, "the input");
+  if (e.failure()) return e;
+  rows.fetch_add(1, std::memory_order_relaxed);
+  try {
+    at::Tensor a = wrap(x, false), o = wrap(*out, false);
+    at::_log_softmax_out(o, a, -1, false);
+  } catch (const std::exception& ex) {
+    return ffi::Error(ffi::ErrorCode::kInternal, std::string("hf_tpu torch log_softmax: ") + ex.what());
+  }
+  return ffi::Error::Success();
+}
+
+// its gradient: grad - exp(output) * sum(grad), over the last dimension, float32
+ffi::Error LogSoftmaxBackwardImpl(ffi::AnyBuffer grad, ffi::AnyBuffer output, ffi::Result<ffi::AnyBuffer> out) {
+  for (auto* b : {&grad, &output}) {
+    auto e = check_float(*b, "an operand");
+    if (e.failure()) return e;
+  }
+  rows.fetch_add(1, std::memory_order_relaxed);
+  try {
+    at::Tensor g = wrap(grad, false), y = wrap(output, false), o = wrap(*out, false);
+    at::_log_softmax_backward_data_out(o, g, y, -1, at::kFloat);
+  } catch (const std::exception& ex) {
+    return ffi::Error(ffi::ErrorCode::kInternal, std::string("hf_tpu torch log_softmax backward: ") + ex.what());
+  }
+  return ffi::Error::Success();
+}
+
 }  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(hf_tpu_torch_log_softmax, LogSoftmaxImpl,
+                              ffi::Ffi::Bind().Arg<ffi::AnyBuffer>().Ret<ffi::AnyBuffer>());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(hf_tpu_torch_log_softmax_backward, LogSoftmaxBackwardImpl,
+                              ffi::Ffi::Bind().Arg<ffi::AnyBuffer>().Arg<ffi::AnyBuffer>().Ret<ffi::AnyBuffer>());
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(hf_tpu_torch_mm, MmImpl,
                               ffi::Ffi::Bind()
@@ -132,3 +179,4 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(hf_tpu_torch_addmm, AddmmImpl,
                                   .Attr<double>("alpha"));
 
 extern "C" int64_t hf_tpu_torch_dot_calls() { return dots.load(); }
+extern "C" int64_t hf_tpu_torch_log_softmax_calls() { return rows.load(); }
