@@ -185,6 +185,9 @@ def test_lowering_emits_the_custom_call_and_differentiates() -> None:
     x, y = jnp.ones((M, K), jnp.bfloat16), jnp.ones((N, K), jnp.bfloat16)
     text = jax.jit(lambda a, b: mm(a, b.T)).lower(x, y).as_text()
     assert "custom_call @hf_tpu_torch_mm" in text and "stablehlo.transpose" not in text  # the weight as stored
+    # a transpose of a transpose is the weight as stored (a backward's t(t(w))): no copy either
+    twice = jax.jit(lambda a, b: mm(a, jnp.swapaxes(b.T, 0, 1).T)).lower(x, y).as_text()
+    assert "custom_call @hf_tpu_torch_mm" in twice and "stablehlo.transpose" not in twice
     small = jax.jit(lambda a, b: mm(a, b)).lower(jnp.ones((4, 4), jnp.bfloat16), jnp.ones((4, 4), jnp.bfloat16))
     assert "custom_call" not in small.as_text()
     # jax.vjp through the lowering (backward_lowerings traces forward lowerings under it)
