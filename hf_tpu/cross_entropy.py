@@ -7,9 +7,6 @@ array: the log-probabilities (kept for the backward), a dense gradient holding o
 gradient of the logits. Here the forward reads the logits once and keeps two floats per row (the max and
 the log of the sum of exponentials); the backward writes the logits' gradient straight from them.
 
-Over rows longer than torch_dot_ffi.LONG_ROW (a language model's vocabulary: XLA:CPU reduces such rows on one
-thread, ~10x slower per element) both programs take log_softmax from PyTorch's own kernel inside the program.
-
 The arithmetic is CPU PyTorch's, step for step, so results differ from CPU's only in summation order and in
 the exp/log routines' last bit (the numerics rule's float32 tolerance):
 - log_softmax (SoftmaxKernel's lastdim kernel): logp = (x - max) - log(sum(exp(x - max))); the loss takes
@@ -33,7 +30,6 @@ from typing import Any
 
 import torch
 
-from hf_tpu import torch_dot_ffi
 from hf_tpu.op_registry import lowers
 
 OP = torch.ops.aten.cross_entropy_loss.default
@@ -49,22 +45,14 @@ def _jnp() -> Any:
 def forward(x: Any, target: Any, *, reduction: int, ignore_index: int) -> tuple[Any, Any, Any]:
     """(loss, row max, row log-sum-exp of x - max) of cross-entropy over the rows of x (N, C)."""
     jnp = _jnp()
+    mx = jnp.max(x, axis=1, keepdims=True)
+    logsum = jnp.log(jnp.sum(jnp.exp(x - mx), axis=1, keepdims=True))
     kept = target != ignore_index
     safe = jnp.where(kept, target, 0)
-    logp = torch_dot_ffi.log_softmax(x, 1)
-    if logp is not None:
-        # rows too long for XLA:CPU's reduction (torch_dot_ffi.LONG_ROW: a language model's vocabulary): CPU's
-        # log_softmax kernel into a temporary of the program; the backward computes it again (no max and sum
-        # kept: the zeros returned stand for them)
-        at_target = jnp.take_along_axis(logp, safe[:, None], axis=1)
-        mx = logsum = jnp.zeros((x.shape[0], 1), x.dtype)
-    else:
-        mx = jnp.max(x, axis=1, keepdims=True)
-        logsum = jnp.log(jnp.sum(jnp.exp(x - mx), axis=1, keepdims=True))
-        # logp at the target, (x_t - max) - logsum: the same two roundings as taking it from x - max. Taken from
-        # x itself, because `x - max` read by both the sum and this gather was written out whole by XLA:CPU (a
-        # logits-sized array: GPT-2's loss forward took 145-170 CPU-ms against 80-90 this way, bit-identical)
-        at_target = (jnp.take_along_axis(x, safe[:, None], axis=1) - mx) - logsum
+    # logp at the target, (x_t - max) - logsum: the same two roundings as taking it from x - max. Taken from x
+    # itself, because `x - max` read by both the sum and this gather was written out whole by XLA:CPU (a
+    # logits-sized array: GPT-2's loss forward took 145-170 CPU-ms against 80-90 this way, bit-identical)
+    at_target = (jnp.take_along_axis(x, safe[:, None], axis=1) - mx) - logsum
     losses = jnp.where(kept, -at_target[:, 0], jnp.zeros((), x.dtype))
     if _REDUCTIONS[reduction] == "none":
         loss = losses
@@ -87,8 +75,7 @@ def backward(grad: Any, x: Any, target: Any, mx: Any, logsum: Any, *, reduction:
     else:
         s = jnp.broadcast_to(grad / jnp.sum(kept).astype(x.dtype), target.shape)
     s = jnp.where(kept, s, jnp.zeros((), x.dtype))[:, None]
-    logp = torch_dot_ffi.log_softmax(x, 1)  # long rows: as the forward
-    p_s = jnp.exp((x - mx[:, None]) - logsum[:, None] if logp is None else logp) * s
+    p_s = jnp.exp((x - mx[:, None]) - logsum[:, None]) * s
     cls = jnp.arange(x.shape[1], dtype=target.dtype)[None, :]
     return jnp.where(cls == target[:, None], p_s - s, p_s)
 
