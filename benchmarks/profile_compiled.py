@@ -16,9 +16,8 @@ custom call) on the thread that ran it, and the optimised HLO of the graph's pro
 
 A dot's thunk time is its wall time on the thread that ran it; YNNPACK runs each dot's tasks over XLA's whole
 pool, so the classes' ms add up to about the program's wall time (independent thunks may overlap), not its
-CPU time. The profiler costs wall time of
-its own, most in Python (the logits' `.cpu()`: ~5 ms traced, ~2 untraced for GPT-2); the untraced figures come
-first. Not a test; issue 31's note quotes it.
+CPU time. The profiler costs wall time of its own, most in Python (the logits' `.cpu()`: ~5 ms traced, ~2
+untraced for GPT-2); the untraced figures come first. Not a test; issue 31's note quotes it.
 """
 
 from __future__ import annotations
