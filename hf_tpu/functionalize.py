@@ -69,6 +69,8 @@ def run_mutating(op: Any, args: tuple, kwargs: dict) -> Any:
         raise lowering.NoLowering(op, " (no functional form to compute it from)")
     if kind(op) == "inplace":
         target = args[0]
+        if op is aten.zero_.default and not fused.ACTIVE and T.zero_lazily(target):
+            return target
         res = run_functional(func, args, kwargs)
         if _writes_several(op):
             return _write_back(op, args, kwargs, res)

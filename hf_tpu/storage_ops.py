@@ -239,4 +239,8 @@ def run_like_factory(op: Any, args: tuple, kwargs: dict) -> Any:
     device = kwargs.get("device")
     if device is not None and torch.device(device).type != "tpu":
         return _off_device_factory(op, args, kwargs)
+    if op is aten.empty_like.default and isinstance(args[0], torch.Tensor):
+        # as `empty`: nothing allocated until read (zeros_like and ones_like are empty_like then zero_ or
+        # fill_, and `empty_like(x).copy_(y)` replaces the array unread); tpu arrays have no memory format
+        return _zeros(args[0].shape, kwargs.get("dtype") or args[0].dtype)
     return run_functional(op, args, kwargs)

@@ -246,6 +246,24 @@ def wrap_lazy(shape: tuple[int, ...], dtype: torch.dtype, loader: Callable[[], A
     return t
 
 
+def zero_lazily(t: torch.Tensor) -> bool:
+    """`t.zero_()` for a tensor that is its whole buffer: the array is dropped now and the zeros are made on
+    first read, as `empty` makes them (False, and nothing done, for a view). Run as a program, zero_ filled a
+    second buffer beside the old one; every optimizer's state starts as zeros_like (empty_like, then zero_):
+    AdamW's first step on a 151,936 x 1,024 embedding peaked 0.6 GB higher than CPU's."""
+    p = payload(t)
+    buf = p.buf
+    if p.view is not None or buf.numel != t.numel() or type(buf._loader) is fused.Node:
+        return False
+    shape, jdt = buf.shape, dtypes.to_jax(t.dtype)
+    loader: Callable[[], Any] = functools.partial(float8.zeros, shape, jdt)
+    index = t.device.index or 0 if _MULTI else 0
+    if index:
+        loader = functools.partial(_loaded_on, loader, index)
+    buf.defer(loader, shape)
+    return True
+
+
 def _loaded_on(loader: Callable[[], Any], index: int) -> Any:
     from hf_tpu import runtime
 
