@@ -1,6 +1,7 @@
 // XLA FFI handlers that run PyTorch's CPU kernels on XLA's own buffers, for programs XLA:CPU runs
 // (hf_tpu/torch_dot_ffi.py explains when and why): a dot with PyTorch's matmul (at::mm / at::bmm / at::addmm),
-// and log_softmax over long rows and its backward (at::_log_softmax / at::_log_softmax_backward_data). Operands and result are
+// log_softmax over long rows and its backward (at::_log_softmax / at::_log_softmax_backward_data), and the fused
+// Adam(W) step (at::_fused_adamw_ / at::_fused_adam_) on buffers XLA aliases from input to output. Operands and result are
 // wrapped as CPU tensors with at::from_blob (no copy); the result is written in place by the *_out kernels.
 //
 // Attributes: transpose_lhs / transpose_rhs (int64, 0 or 1): the operand as stored is the transpose of the
@@ -151,7 +152,66 @@ ffi::Error LogSoftmaxBackwardImpl(ffi::AnyBuffer grad, ffi::AnyBuffer output, ff
   return ffi::Error::Success();
 }
 
+std::atomic<int64_t> steps{0};  // fused Adam(W) handler calls (tests read it)
+
+// One Adam(W) step over n parameters, in place on the results, which XLA aliases to the parameter and moment
+// operands (copied from them here when it could not). Operands after `hyper` (lr, beta1, beta2, weight_decay,
+// eps; float64, or float32 where JAX has no 64-bit types): n step counts (float32, already incremented), then n each of parameters, gradients, first
+// and second moments; results: n each of parameters, first and second moments.
+ffi::Error FusedAdamImpl(ffi::AnyBuffer hyper, ffi::RemainingArgs args, ffi::RemainingRets rets, int64_t n,
+                         int64_t adamw, int64_t maximize) {
+  const bool wide = hyper.element_type() == ffi::DataType::F64;
+  if ((!wide && hyper.element_type() != ffi::DataType::F32) || hyper.element_count() != 5 ||
+      args.size() != static_cast<size_t>(5 * n) || rets.size() != static_cast<size_t>(3 * n)) {
+    return ffi::Error(ffi::ErrorCode::kInvalidArgument, "hf_tpu torch fused adam: unexpected operands");
+  }
+  steps.fetch_add(1, std::memory_order_relaxed);
+  double h[5];
+  for (int k = 0; k < 5; ++k) {
+    h[k] = wide ? static_cast<const double*>(hyper.untyped_data())[k] : static_cast<const float*>(hyper.untyped_data())[k];
+  }
+  try {
+    std::vector<at::Tensor> counts, params, grads, exp_avgs, exp_avg_sqs;
+    for (int64_t i = 0; i < n; ++i) {
+      auto count = args.get<ffi::AnyBuffer>(i);
+      auto grad = args.get<ffi::AnyBuffer>(2 * n + i);
+      if (count.has_error() || grad.has_error()) return ffi::Error(ffi::ErrorCode::kInvalidArgument, "operand");
+      counts.push_back(wrap(*count, false));
+      grads.push_back(wrap(*grad, false));
+      std::vector<at::Tensor>* lists[3] = {&params, &exp_avgs, &exp_avg_sqs};
+      const int64_t in_at[3] = {n + i, 3 * n + i, 4 * n + i};
+      for (int k = 0; k < 3; ++k) {
+        auto in = args.get<ffi::AnyBuffer>(in_at[k]);
+        auto out = rets.get<ffi::AnyBuffer>(k * n + i);
+        if (in.has_error() || out.has_error()) return ffi::Error(ffi::ErrorCode::kInvalidArgument, "operand");
+        at::Tensor dst = wrap(**out, false);
+        if ((*out)->untyped_data() != in->untyped_data()) dst.copy_(wrap(*in, false));  // not aliased
+        lists[k]->push_back(dst);
+      }
+    }
+    if (adamw) {
+      at::_fused_adamw_(params, grads, exp_avgs, exp_avg_sqs, {}, counts, h[0], h[1], h[2], h[3], h[4], false,
+                        maximize != 0, std::nullopt, std::nullopt);
+    } else {
+      at::_fused_adam_(params, grads, exp_avgs, exp_avg_sqs, {}, counts, h[0], h[1], h[2], h[3], h[4], false,
+                       maximize != 0, std::nullopt, std::nullopt);
+    }
+  } catch (const std::exception& ex) {
+    return ffi::Error(ffi::ErrorCode::kInternal, std::string("hf_tpu torch fused adam: ") + ex.what());
+  }
+  return ffi::Error::Success();
+}
+
 }  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(hf_tpu_torch_fused_adam, FusedAdamImpl,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .RemainingArgs()
+                                  .RemainingRets()
+                                  .Attr<int64_t>("n")
+                                  .Attr<int64_t>("adamw")
+                                  .Attr<int64_t>("maximize"));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(hf_tpu_torch_log_softmax, LogSoftmaxImpl,
                               ffi::Ffi::Bind().Arg<ffi::AnyBuffer>().Ret<ffi::AnyBuffer>());
@@ -180,3 +240,4 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(hf_tpu_torch_addmm, AddmmImpl,
 
 extern "C" int64_t hf_tpu_torch_dot_calls() { return dots.load(); }
 extern "C" int64_t hf_tpu_torch_log_softmax_calls() { return rows.load(); }
+extern "C" int64_t hf_tpu_torch_fused_adam_calls() { return steps.load(); }
