@@ -2,6 +2,8 @@
 OPMATH and pointwise rule) nor XLA's half arithmetic gives CPU's bits (found by tests/hf_tpu/op_parity.py):
 
   _log_softmax   -> float32, except that the last-dimension kernel rounds the sum and its log to the half type
+                    (float32 rows longer than torch_dot_ffi.LONG_ROW, and _log_softmax_backward_data's, which
+                    sits here beside it, take PyTorch's kernels)
   pow.Tensor_Scalar -> CPU's special exponents (x * x, 1 / sqrt...) and its bfloat16 step-by-step rounding
   logit          -> each step rounded to the half type (a kernel written on Vectorized<Half/BFloat16>)
   rsqrt          -> CPU's vectorised and scalar loops by element position (see _rsqrt)

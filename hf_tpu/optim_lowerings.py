@@ -83,15 +83,15 @@ def adam(params: list, grads: list, exp_avgs: list, exp_avg_sqs: list, max_exp_a
     Float32 lists without AMSGrad or GradScaler take PyTorch's own kernel inside the program (torch_dot_ffi)."""
     from hf_tpu import torch_dot_ffi
 
-    if not amsgrad and grad_scale is None and found_inf is None:
-        by_torch = torch_dot_ffi.fused_adam(params, grads, exp_avgs, exp_avg_sqs, state_steps, lr=lr, beta1=beta1,
-                                            beta2=beta2, weight_decay=weight_decay, eps=eps, maximize=maximize,
-                                            decoupled=decoupled)
-        if by_torch is not None:
-            return by_torch[0], list(grads), by_torch[1], by_torch[2], list(max_exp_avg_sqs)
     jnp = _jax().numpy
     wide = jnp.float64 if _jax().config.jax_enable_x64 else jnp.float32
     lr_w, b1, b2, wd = (_scalar(v, wide) for v in (lr, beta1, beta2, weight_decay))
+    if not amsgrad and grad_scale is None and found_inf is None:
+        by_torch = torch_dot_ffi.fused_adam(params, grads, exp_avgs, exp_avg_sqs, state_steps,
+                                            (lr_w, b1, b2, wd, _scalar(eps, wide)), maximize=maximize,
+                                            decoupled=decoupled)
+        if by_torch is not None:
+            return by_torch[0], list(grads), by_torch[1], by_torch[2], list(max_exp_avg_sqs)
     out: list[list[Any]] = [[], [], [], [], []]
     for i, p in enumerate(params):
         om = _opmath(p.dtype)

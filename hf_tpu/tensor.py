@@ -238,9 +238,7 @@ def wrap_lazy(shape: tuple[int, ...], dtype: torch.dtype, loader: Callable[[], A
     """A new tpu tensor whose array `loader()` makes on first use (it must return that shape and dtype), on
     tpu:`index`, else the running op's device (the array is moved there when the loader made it elsewhere)."""
     index = (op_index() if index is None else index) if _MULTI else 0
-    if index:
-        loader = functools.partial(_loaded_on, loader, index)
-    buf = Buffer(loader=loader, shape=tuple(shape))
+    buf = Buffer(loader=_placed(loader, index), shape=tuple(shape))
     t = _create(shape, dtype, index, buf)
     t.untyped_storage()._hf_tpu = Payload(buf)
     return t
@@ -256,12 +254,13 @@ def zero_lazily(t: torch.Tensor) -> bool:
     if p.view is not None or buf.numel != t.numel() or type(buf._loader) is fused.Node:
         return False
     shape, jdt = buf.shape, dtypes.to_jax(t.dtype)
-    loader: Callable[[], Any] = functools.partial(float8.zeros, shape, jdt)
-    index = t.device.index or 0 if _MULTI else 0
-    if index:
-        loader = functools.partial(_loaded_on, loader, index)
-    buf.defer(loader, shape)
+    buf.defer(_placed(functools.partial(float8.zeros, shape, jdt), (t.device.index or 0) if _MULTI else 0), shape)
     return True
+
+
+def _placed(loader: Callable[[], Any], index: int) -> Callable[[], Any]:
+    """`loader` making its array on tpu:`index` (device 0, JAX's default, as it is)."""
+    return functools.partial(_loaded_on, loader, index) if index else loader
 
 
 def _loaded_on(loader: Callable[[], Any], index: int) -> Any:

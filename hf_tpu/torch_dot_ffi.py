@@ -1,5 +1,6 @@
-"""Large float dots inside XLA:CPU programs as a call into PyTorch's CPU matmul (an XLA FFI custom call); and
-log_softmax over long rows and its backward as calls into PyTorch's kernels (LONG_ROW, at the end).
+"""Large float dots inside XLA:CPU programs as a call into PyTorch's CPU matmul (an XLA FFI custom call); and,
+through the same handler library, log_softmax over long rows and its backward (LONG_ROW) and the fused Adam(W)
+step (fused_adam), at the end.
 
 A compiled graph (torch.compile(backend="tpu")), a fused-mode graph or an eager op's program is one XLA program;
 its dots are XLA:CPU's own (YNNPACK), which on the 2-core host of issue 31 ran each M=64 layer dot mostly on
@@ -304,12 +305,13 @@ def log_softmax_backward(grad: Any, out: Any, dim: int) -> Any | None:
 
 
 # ------------------------------------------------------------------------------------------ fused Adam(W)
-def fused_adam(params: list, grads: list, exp_avgs: list, exp_avg_sqs: list, state_steps: list, *, lr: Any,
-               beta1: Any, beta2: Any, weight_decay: Any, eps: Any, maximize: bool, decoupled: bool
-               ) -> tuple[list, list, list] | None:
+def fused_adam(params: list, grads: list, exp_avgs: list, exp_avg_sqs: list, state_steps: list, hyper: tuple,
+               *, maximize: bool, decoupled: bool) -> tuple[list, list, list] | None:
     """(parameters, first moments, second moments) after one Adam(W) step by PyTorch's fused CPU kernel, in
     place on buffers XLA aliases to the operands (the step program donates them), or None when the lists are
-    not all float32 (the caller runs its own lowering). `state_steps`: the counts, already incremented.
+    not all float32 (the caller runs its own lowering). `state_steps`: the counts, already incremented;
+    `hyper`: lr, beta1, beta2, weight_decay and eps as 0-d arrays of one float type (the handler reads float64
+    or float32).
     XLA:CPU makes one loop per result, each re-reading the gradient and moments (11 array passes where the
     kernel makes 7: a 155M-element AdamW step 149 ms against the kernel's 99, no multi-output loop fusion
     in XLA:CPU); the kernel also gives CPU's own bits."""
@@ -327,10 +329,8 @@ def fused_adam(params: list, grads: list, exp_avgs: list, exp_avg_sqs: list, sta
 
     jax = runtime.jax()
     jnp = jax.numpy
-    wide = jnp.float64 if jax.config.jax_enable_x64 else jnp.float32
-    hyper = jnp.stack([jnp.asarray(v, wide).reshape(()) for v in (lr, beta1, beta2, weight_decay, eps)])
     n = len(params)
-    operands = [hyper, *[jnp.asarray(s).reshape(()) for s in state_steps], *params, *grads, *exp_avgs,
+    operands = [jnp.stack(hyper), *[jnp.asarray(s).reshape(()) for s in state_steps], *params, *grads, *exp_avgs,
                 *exp_avg_sqs]
     # results: parameters, first and second moments, each aliased to its operand (1 + n + ...: after hyper)
     aliases = {1 + n + i: i for i in range(n)} | {1 + 3 * n + i: n + i for i in range(n)} | {
