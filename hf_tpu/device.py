@@ -275,6 +275,8 @@ def _install_native() -> None:
 
     if native.install():
         devices.set_tensor_device = native.set_tensor_device
+        devices.get_payload = native.payload
+        devices.get_storage_payload = native.storage_payload
         devices.current_device = native.current_device
     elif devices.MULTI and devices.ERROR is None:
         # raised on the first tpu op (devices.check_config), not here: `import torch` registers `tpu`

@@ -100,5 +100,8 @@ def add_xla_flag() -> None:
 # Call-backs the registration (device.py) sets from the C++ hooks (hf_tpu/native), which sit above the
 # tensors that need them: put a data-less tensor on tpu:i with a given data_ptr(), and read this thread's
 # current device.
-set_tensor_device: Callable[[Any, int, int], None] | None = None
+set_tensor_device: Callable[[Any, int, int, Any], None] | None = None
+# a tensor's, and a storage's, payload (hf_tpu.tensor.Payload) from the C++ hooks; None without them
+get_payload: Callable[[Any], Any] | None = None
+get_storage_payload: Callable[[Any], Any] | None = None
 current_device: Callable[[], int] = lambda: 0

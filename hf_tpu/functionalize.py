@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from hf_tpu import dtypes, float8, fused, lowering
+from hf_tpu import donated_add, dtypes, float8, fused, lowering
 from hf_tpu import tensor as T
 from hf_tpu.eager_functional import cpu_fallback, cpu_fallback_enabled, run_functional
 from hf_tpu.op_registry import lowers
@@ -70,6 +70,8 @@ def run_mutating(op: Any, args: tuple, kwargs: dict) -> Any:
     if kind(op) == "inplace":
         target = args[0]
         if op is aten.zero_.default and not fused.ACTIVE and T.zero_lazily(target):
+            return target
+        if op is aten.add_.Tensor and len(args) == 2 and donated_add.add_(target, args[1], kwargs.get("alpha", 1)):
             return target
         res = run_functional(func, args, kwargs)
         if _writes_several(op):

@@ -50,7 +50,7 @@ def _elements(storage: Any, dtype: torch.dtype) -> T.Buffer:
     if buf is None:
         from hf_tpu import dtypes, runtime
 
-        p = getattr(storage, "_hf_tpu", None)
+        p = T.storage_payload(storage)
         if p is None:
             raise RuntimeError("hf_tpu: set_() on a tpu storage that holds no data (it was not made from a "
                                "tensor or a checkpoint); build the tensor with torch.empty/tensor.to('tpu').")

@@ -198,11 +198,11 @@ def resize_storage(storage: torch.UntypedStorage, nbytes: int) -> None:
 def _payload_of_storage(storage: torch.UntypedStorage) -> T.Payload:
     """The payload of a tpu tensor's UntypedStorage (tensor.py hangs it there; the C++ hooks hand Python the
     storage)."""
-    try:
-        return storage._hf_tpu  # type: ignore[attr-defined]
-    except AttributeError:
+    p = T.storage_payload(storage)
+    if p is None:
         raise RuntimeError("hf_tpu: this tpu storage has no data attached: it was not made by a tpu tensor "
-                           "(tpu storages exist only behind tpu tensors)") from None
+                           "(tpu storages exist only behind tpu tensors)")
+    return p
 
 
 def _prefix(flat: Any, n: int) -> Any:

@@ -6,8 +6,10 @@ TorchDynamo captures it like any device tensor; its numbers live in a JAX array.
 Aliasing is PyTorch's: views share a `Buffer` (one JAX array, the "storage") and address it through
 their geometry (views.py: size/stride/offset steps, read and written on the device with regular XLA
 ops, composed as views of views are taken; no per-element index). The payload hangs off the tensor's
-UntypedStorage, not the tensor, because PyTorch makes some aliases in C++ without dispatching to us
-(`detach`, `squeeze`, `.data`): those share the StorageImpl, so they find the same payload.
+storage, not the tensor, because PyTorch makes some aliases in C++ without dispatching to us
+(`detach`, `squeeze`, `.data`): those share the StorageImpl, so they find the same payload. With the C++
+hooks it is the storage's data pointer's context (hooks.cpp: so the storage keeps one owner, see
+_mark_shared), else an attribute of the storage's Python object.
 
 PyTorch sees every tpu tensor as contiguous with storage offset 0; view ops therefore arrive expressed in
 the source tensor's logical (row-major) frame, which is the frame `views.compose` interprets them in.
@@ -120,13 +122,17 @@ class Payload:
         self._cache = None
 
 
-def _create(shape: tuple[int, ...] | list[int], dtype: torch.dtype, index: int, buf: Buffer) -> torch.Tensor:
-    """A data-less tensor of tpu:`index` whose data_ptr() is `buf`'s (the C++ hooks set both; without them
-    there is one device and data_ptr() is 0)."""
+def _create(shape: tuple[int, ...] | list[int], dtype: torch.dtype, index: int, p: Payload) -> torch.Tensor:
+    """A data-less tensor of tpu:`index` whose data_ptr() is its buffer's, with payload `p` (the C++ hooks set
+    all three on its storage; without them there is one device, data_ptr() is 0, and the payload is an
+    attribute of the storage's Python object, where autograd no longer sums gradients in place: see
+    hooks.cpp's release_payload)."""
     t = torch._C._acc.create_empty_tensor(list(shape), dtype)  # always on tpu:0 (PyTorch's Python backend)
     set_device = devices.set_tensor_device
     if set_device is not None:
-        set_device(t, index, buf.ptr)
+        set_device(t, index, p.buf.ptr, p)
+    else:
+        t.untyped_storage()._hf_tpu = p
     return t
 
 
@@ -196,21 +202,41 @@ def _replay_views() -> None:
     torch._C._set_view_replay_enabled(True)
 
 
-def _create_view(shape: Any, dtype: torch.dtype, base: torch.Tensor | None, buf: Buffer) -> torch.Tensor:
+def _create_view(shape: Any, dtype: torch.dtype, base: torch.Tensor | None, p: Payload) -> torch.Tensor:
     """An empty tensor to hold a view of `base`. Under inference_mode a tensor created here is an inference
     tensor, but a view of a normal tensor must be normal: autograd's view tracking then gives it base's
     version counter, which an inference tensor refuses ("Cannot set version_counter for inference tensor",
     e.g. `weight.t()` in nn.Linear). CPU's views are normal because they copy base's dispatch keys.
 
     It also turns on autograd's view replay for this thread (see _replay_views): every eager tpu view passes
-    here before autograd records it, so the recording replays the view op."""
+    here before autograd records it, so the recording replays the view op.
+
+    And it marks the view's storage and base's as shared (_mark_shared)."""
     if not _view_replay_on():
         _replay_views()
     index = (base.device.index if base is not None else op_index()) if _MULTI else 0
     if base is not None and torch.is_inference_mode_enabled() and not base.is_inference():
         with torch.inference_mode(False):
-            return _create(shape, dtype, index, buf)
-    return _create(shape, dtype, index, buf)
+            out = _create(shape, dtype, index, p)
+    else:
+        out = _create(shape, dtype, index, p)
+    _mark_shared(out)
+    if base is not None:
+        _mark_shared(base)
+    return out
+
+
+def _mark_shared(t: torch.Tensor) -> None:
+    """Make t's StorageImpl count two owners, as a CPU view's storage (shared with its base) does.
+
+    A tpu view has a StorageImpl of its own (its payload holds its geometry) over its base's Buffer, so
+    PyTorch would see one owner where the numbers have two readers. Autograd sums gradients in place into a
+    gradient whose storage has one owner (InputBuffer::accumulate: `old.add_(new)`), and a gradient that is
+    a view (`grad.t()` of an mm backward) would then be written through into the tensor it views (a tied
+    weight's gradients came out 1% wrong). Since PyTorch 2.10 a storage whose Python object was ever made
+    counts that object among its owners for the rest of its life: so making it marks the storage. A tensor
+    made from a fresh array (wrap) is not marked, and autograd may sum into it in place, as on CPU."""
+    t.untyped_storage()
 
 
 def wrap(array: Any, dtype: torch.dtype | None = None) -> torch.Tensor:
@@ -218,18 +244,15 @@ def wrap(array: Any, dtype: torch.dtype | None = None) -> torch.Tensor:
     if dtype is None:
         dtype = dtypes.to_torch(array.dtype)
     buf = Buffer(array)
-    t = _create(array.shape, dtype, index_of_array(array) if _MULTI else 0, buf)
-    t.untyped_storage()._hf_tpu = Payload(buf)
-    return t
+    return _create(array.shape, dtype, index_of_array(array) if _MULTI else 0, Payload(buf))
 
 
 def wrap_pending(node: Any, dtype: torch.dtype) -> torch.Tensor:
     """A new tpu tensor whose array a pending fused.Node makes when something reads it."""
     shape = node.aval[0]
     buf = Buffer(loader=node, shape=shape)
-    t = _create(shape, dtype, op_index() if _MULTI else 0, buf)
+    t = _create(shape, dtype, op_index() if _MULTI else 0, Payload(buf))
     fused.attach(node, buf)
-    t.untyped_storage()._hf_tpu = Payload(buf)
     return t
 
 
@@ -239,9 +262,7 @@ def wrap_lazy(shape: tuple[int, ...], dtype: torch.dtype, loader: Callable[[], A
     tpu:`index`, else the running op's device (the array is moved there when the loader made it elsewhere)."""
     index = (op_index() if index is None else index) if _MULTI else 0
     buf = Buffer(loader=_placed(loader, index), shape=tuple(shape))
-    t = _create(shape, dtype, index, buf)
-    t.untyped_storage()._hf_tpu = Payload(buf)
-    return t
+    return _create(shape, dtype, index, Payload(buf))
 
 
 def zero_lazily(t: torch.Tensor) -> bool:
@@ -270,13 +291,20 @@ def _loaded_on(loader: Callable[[], Any], index: int) -> Any:
 
 
 def payload(t: torch.Tensor) -> Payload:
-    try:
-        return t.untyped_storage()._hf_tpu
-    except AttributeError:
+    get = devices.get_payload
+    p = get(t) if get is not None else getattr(t.untyped_storage(), "_hf_tpu", None)
+    if p is None:
         raise RuntimeError(
             f"hf_tpu: this {t.device} tensor has no data attached (shape {tuple(t.shape)}); it was made by "
             "a path that bypassed the tpu backend. Please report it with the code that made the tensor."
-        ) from None
+        )
+    return p
+
+
+def storage_payload(storage: Any) -> Payload | None:
+    """The payload of a tpu tensor's UntypedStorage (the C++ hooks hand Python storages), or None."""
+    get = devices.get_storage_payload
+    return get(storage) if get is not None else getattr(storage, "_hf_tpu", None)
 
 
 def copy_sharing(t: torch.Tensor, copies: dict[int, tuple[Buffer, Buffer]]) -> torch.Tensor:
@@ -289,9 +317,7 @@ def copy_sharing(t: torch.Tensor, copies: dict[int, tuple[Buffer, Buffer]]) -> t
     if hit is None:
         # the original is kept in the entry so that its id cannot be reused by another buffer meanwhile
         hit = copies[id(p.buf)] = (p.buf, Buffer(p.buf.array))
-    new = _create(tuple(t.shape), t.dtype, t.device.index if _MULTI else 0, hit[1])
-    new.untyped_storage()._hf_tpu = Payload(hit[1], p.view)
-    return new
+    return _create(tuple(t.shape), t.dtype, t.device.index if _MULTI else 0, Payload(hit[1], p.view))
 
 
 def is_tpu(t: Any) -> bool:
@@ -518,17 +544,13 @@ def view_of(buf: Buffer, size: Any, dtype: torch.dtype, view: views.View | None,
             base: torch.Tensor | None = None) -> torch.Tensor:
     """A new tensor of `size` reading `view` of `buf` (a geometry from compose_view, or None: all of it);
     `base` is the tensor it is a view of (see _create_view)."""
-    out = _create_view(size, dtype, base, buf)
-    out.untyped_storage()._hf_tpu = Payload(buf, view)
-    return out
+    return _create_view(size, dtype, base, Payload(buf, view))
 
 
 def view_reshape(src: torch.Tensor, size: list[int]) -> torch.Tensor:
     p = payload(src)
     if p.view is None:  # a reshape of the whole buffer: no geometry at all
-        out = _create_view(size, src.dtype, src, p.buf)
-        out.untyped_storage()._hf_tpu = Payload(p.buf, None)
-        return out
+        return _create_view(size, src.dtype, src, Payload(p.buf, None))
     return make_view(src, size, list(views._contiguous_strides(size)), 0)
 
 
