@@ -232,10 +232,11 @@ def _mark_shared(t: torch.Tensor) -> None:
     A tpu view has a StorageImpl of its own (its payload holds its geometry) over its base's Buffer, so
     PyTorch would see one owner where the numbers have two readers. Autograd sums gradients in place into a
     gradient whose storage has one owner (InputBuffer::accumulate: `old.add_(new)`), and a gradient that is
-    a view (`grad.t()` of an mm backward) would then be written through into the tensor it views (a tied
-    weight's gradients came out 1% wrong). Since PyTorch 2.10 a storage whose Python object was ever made
-    counts that object among its owners for the rest of its life: so making it marks the storage. A tensor
-    made from a fresh array (wrap) is not marked, and autograd may sum into it in place, as on CPU."""
+    a view (a custom Function's backward returning a view of a tensor it keeps) would then be written through
+    into the tensor it views (test_gradient_sums_in_place.py). In the PyTorch hf-tpu requires (2.13+) a
+    storage whose Python object was ever made counts that object among its owners for the rest of its life:
+    so making it marks the storage (the test fails should that change). A tensor made from a fresh array
+    (wrap) is not marked, and autograd may sum into it in place, as on CPU."""
     t.untyped_storage()
 
 

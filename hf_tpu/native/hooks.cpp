@@ -483,10 +483,11 @@ struct TpuDeviceAllocator final : c10::DeviceAllocator {
 // A tpu tensor's numbers are a JAX array in a Python object (hf_tpu.tensor.Payload) that every tensor
 // sharing the storage must find (PyTorch makes aliases such as detach() and .data in C++, sharing the
 // StorageImpl). It is the context of the storage's data pointer, released with the storage. It used to
-// be an attribute of the storage's Python object, but since PyTorch 2.10 a storage whose Python object
-// exists counts that object among its owners (use_count 2), and autograd accumulates a gradient in place
-// only into a tensor whose storage has one owner (InputBuffer::accumulate): every tied weight's two
-// gradients were summed into a third array (Qwen3's 622 MB embedding: +0.58 GB at the training step's peak).
+// be an attribute of the storage's Python object, but in the PyTorch hf-tpu requires (2.13+) a storage
+// whose Python object exists counts that object among its owners (use_count 2), and autograd accumulates a
+// gradient in place only into a tensor whose storage has one owner (InputBuffer::accumulate): every tied
+// weight's two gradients were summed into a third array (Qwen3's 622 MB embedding: +0.58 GB at the
+// training step's peak).
 static void release_payload(void* payload) {
   if (payload == nullptr || !Py_IsInitialized()) {
     return;
