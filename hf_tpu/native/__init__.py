@@ -30,9 +30,8 @@ SOURCE = Path(__file__).with_name("hooks.cpp")
 _status: dict[str, Any] = {"loaded": False, "reason": "not loaded yet"}
 _lib: ctypes.PyDLL | None = None
 _set_device: Any = None
-_setpayload: Any = None  # payload(tensor): the payload on a tpu tensor's storage, or None (a builtin of hooks.cpp)
 payload: Any = None  # payload(tensor): the payload on a tpu tensor's storage, or None (a builtin of hooks.cpp)
-_storagepayload: Any = None  # payload(tensor): the payload on a tpu tensor's storage, or None (a builtin of hooks.cpp)
+_storage_payload: Any = None
 
 
 class _Callbacks:
@@ -125,16 +124,13 @@ def load() -> ctypes.PyDLL | None:
         _lib.hf_tpu_native_install.restype = ctypes.c_int
         _lib.hf_tpu_native_set_device.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.py_object]
         _lib.hf_tpu_native_set_device.restype = None
-        _lib.hf_tpu_native_set_payload.argtypes = [ctypes.c_void_p, ctypes.py_object]
-        _lib.hf_tpu_native_set_payload.restype = None
         _lib.hf_tpu_native_storage_payload.argtypes = [ctypes.c_void_p]
         _lib.hf_tpu_native_storage_payload.restype = ctypes.py_object  # a new reference, which ctypes takes
         _lib.hf_tpu_native_payload_function.argtypes = []
         _lib.hf_tpu_native_payload_function.restype = ctypes.py_object
-        global _set_device, _set_payload, payload, _storage_payload
+        global _set_device, payload, _storage_payload
         # bound once: called for every tpu tensor made, and for every op's operands
         _set_device = _lib.hf_tpu_native_set_device
-        _set_payload = _lib.hf_tpu_native_set_payload
         payload = _lib.hf_tpu_native_payload_function()
         _storage_payload = _lib.hf_tpu_native_storage_payload
         _lib.hf_tpu_native_current_device.argtypes = []
@@ -175,11 +171,6 @@ def set_tensor_device(t: Any, index: int, ptr: int, payload: Any) -> None:
     """Put `t`, a data-less tpu tensor just made (on tpu:0), on tpu:`index`, its data_ptr() reporting `ptr`,
     with `payload` (hf_tpu.tensor.Payload) on its storage (hooks.cpp says how)."""
     _set_device(t._cdata, index, ptr, payload)
-
-
-def set_payload(t: Any, payload: Any) -> None:
-    """Hang `payload` on `t`'s storage in place of the one it had (every tensor sharing it sees it)."""
-    _set_payload(t._cdata, payload)
 
 
 def storage_payload(storage: Any) -> Any:

@@ -579,15 +579,6 @@ void hf_tpu_native_set_device(void* impl, int index, int64_t ptr, PyObject* payl
   t->set_storage_keep_dtype(std::move(storage));
 }
 
-// Hangs `payload` on the storage of the tensor `impl` (TensorImpl*), in place of the one it had: its data
-// pointer and device stay. Every tensor sharing that storage sees it. Call with the GIL held.
-void hf_tpu_native_set_payload(void* impl, PyObject* payload) {
-  c10::Storage storage = static_cast<c10::TensorImpl*>(impl)->storage();
-  const at::DataPtr& old = storage.data_ptr();
-  Py_INCREF(payload);
-  storage.set_data_ptr_noswap(at::DataPtr{old.get(), payload, &release_payload, old.device()});
-}
-
 // The payload of a storage (UntypedStorage._cdata, a StorageImpl*), a new reference; None when it has none.
 PyObject* hf_tpu_native_storage_payload(void* storage_impl) {
   return storage_payload(static_cast<c10::StorageImpl*>(storage_impl));
