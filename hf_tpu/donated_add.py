@@ -55,13 +55,8 @@ def add_(target: torch.Tensor, other: Any, alpha: Any = 1) -> bool:
     if o is arr:
         return False
     new = _program(eager_lowering(aten.add.Tensor), alpha)(arr, o)
-    # the old array is gone (its memory is the new one's): counted out before the new one is counted in, so
-    # that torch.tpu.max_memory_allocated sees one array, as there is
-    buf._array = None
-    memory.release(arr)
     del arr
-    buf.array = new
-    buf.version += 1
+    buf.replace_donated(new)
     if fused.LAUNCH_BLOCKING:
         plans.block(new)
     return True

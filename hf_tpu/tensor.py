@@ -76,6 +76,16 @@ class Buffer:
         if old is not None:
             _release(old)
 
+    def replace_donated(self, value: Any) -> None:
+        """Take `value`, made by a program the old array was donated to (its memory is the new one's): the old
+        array is counted out before the new one is counted in, so device memory figures see one array."""
+        old = self._array
+        if old is not None:
+            self._array = None
+            _release(old)
+        self.array = value
+        self.version += 1
+
     def __del__(self, _release: Callable[[Any], None] = memory.release) -> None:
         # the bound default keeps the function reachable while modules are torn down at exit
         if self._array is not None:
@@ -293,7 +303,7 @@ def _loaded_on(loader: Callable[[], Any], index: int) -> Any:
 
 def payload(t: torch.Tensor) -> Payload:
     get = devices.get_payload
-    p = get(t) if get is not None else getattr(t.untyped_storage(), "_hf_tpu", None)
+    p = get(t) if get is not None else storage_payload(t.untyped_storage())
     if p is None:
         raise RuntimeError(
             f"hf_tpu: this {t.device} tensor has no data attached (shape {tuple(t.shape)}); it was made by "

@@ -3,7 +3,8 @@
 PyTorch takes some of a device's hooks only from C++ (pinned memory, torch.Generator("tpu"), events and
 synchronisation through the device guard, the allocator behind torch.accelerator.memory_*, storage
 resizing). hooks.cpp provides them and asks Python (`_Callbacks` below) whatever depends on hf-tpu's JAX
-arrays.
+arrays. It also holds each tpu storage's payload (hf_tpu.tensor.Payload) as its data pointer's context, and
+`payload(tensor)` reads it.
 
 How it is built: `torch.utils.cpp_extension.load` compiles hooks.cpp with the torch already installed
 (g++ and ninja, no pip, no second torch) into a cache directory keyed by the source, torch and Python

@@ -5,7 +5,8 @@
 // new generators (torch.Generator("tpu")), the device guard's events and synchronisation (torch.Event,
 // torch.accelerator.synchronize), the device allocator's statistics (torch.accelerator.memory_*) and
 // storage resizing (untyped_storage().resize_, which FSDP2 uses).
-// This file provides exactly those, and hands every question about the device's state (queued work, live
+// This file provides exactly those, holds each tpu storage's payload (the Python object naming its JAX
+// array: see "payloads" below), and hands every question about the device's state (queued work, live
 // tensor bytes) to Python callbacks: hf-tpu's tensors live in JAX arrays, which only Python can see.
 //
 // Built on first use by hf_tpu/native/__init__.py (torch.utils.cpp_extension.load) and driven through a
@@ -301,8 +302,9 @@ struct TpuHooks final : at::PrivateUse1HooksInterface {
     return at::make_generator<TpuGenerator>(index);
   }
   // storage.resize_(n) (FSDP2 frees an unsharded parameter with resize_(0) and re-allocates it with
-  // resize_(its bytes)). A tpu storage's numbers are a JAX array hanging off its Python object
-  // (hf_tpu/tensor.py), so Python resizes that array; the storage then records its new size, which
+  // resize_(its bytes)). A tpu storage's numbers are a JAX array its payload names (see "payloads"), so
+  // Python resizes that array, handed the storage's Python object (resize_ is called from Python, which
+  // made it); the storage then records its new size, which
   // storage.size() reports. Its data pointer stays the one naming the tensor's buffer and device, and no
   // bytes are allocated behind it (the allocator hands out none: see TpuDeviceAllocator).
   void resizePrivateUse1Bytes(const c10::Storage& storage, size_t newsize) const override {
@@ -538,7 +540,6 @@ extern "C" {
 PyObject* hf_tpu_native_payload_function() {
   return PyCFunction_New(&g_payload_def, nullptr);
 }
-
 
 // Registers the hooks, the device guard and the device allocator for PrivateUse1; `callbacks` answers
 // for the devices (kept alive for the process), `num_devices` is their count and `count_text` what set it.
