@@ -180,8 +180,6 @@ class GraphPacking:
         the new and the written ones now, dropping their arrays); {} when none is."""
         if precision.current() != "highest":
             return {}
-        import numpy as np
-
         out = {}
         for i, use in self.uses.items():
             t = args[i] if i < len(args) else None
@@ -189,7 +187,7 @@ class GraphPacking:
                 continue
             got = _key(t, use)
             if got is not None:
-                out[i] = np.asarray(got[0], dtype=np.int64)
+                out[i] = got[0]
                 if got[1]:  # after each drop: the next copy must not be made beside every freed array
                     _trim()
         return out
@@ -246,6 +244,7 @@ class _Entry:
     k: int = 0
     nbytes: int = 0
     device: Any = None
+    key_array: Any = None  # the key as a 0-d JAX array on the weight's device (what the program takes)
     freed: bool = False
 
     def free(self) -> None:
@@ -263,9 +262,9 @@ _keys = itertools.count(1)
 _lock = threading.Lock()
 
 
-def _key(t: torch.Tensor, use: Use) -> tuple[int, bool] | None:
-    """(key, whether an array was dropped now) for tensor t's packed copy, made now if needed; None when t is
-    not handed over packed."""
+def _key(t: torch.Tensor, use: Use) -> tuple[Any, bool] | None:
+    """(key array, whether an array was dropped now) for tensor t's packed copy, made now if needed; None when t
+    is not handed over packed."""
     p = T.payload(t)
     buf = p.buf
     if p.view is not None or buf.shape != tuple(t.shape):
@@ -284,7 +283,7 @@ def _key(t: torch.Tensor, use: Use) -> tuple[int, bool] | None:
         if buf._array is not None and memory.holders(buf._array) == 1:  # packed now, or read back since
             _drop(buf, e)
             dropped = True
-        return e.key, dropped
+        return e.key_array, dropped
 
 
 def _exact(w: Any) -> bool:
@@ -314,7 +313,10 @@ def _pack(buf: Any, use: Use) -> _Entry:
     key = next(_keys)
     if not lib.hf_tpu_packed_pack(key, w.ctypes.data, n, k, int(use.transposed), use.rows):
         return _Entry(None, version)
-    e = _Entry(key, version, use, n, k, w.nbytes, _device(arr))
+    device = _device(arr)
+    # a JAX array, made once: executable_cache.Program serves saved executables to calls of JAX arrays only
+    key_array = runtime.jax().device_put(np.int64(key), device)
+    e = _Entry(key, version, use, n, k, w.nbytes, device, key_array)
     memory.hold_bytes(w.nbytes)
     rows = min(_UNPACK_CHECK_ROWS, k)
     back = np.empty((rows, n), np.float32)
