@@ -18,7 +18,8 @@ copy could not rebuild the weight), on XLA:CPU, and where the process's PyTorch 
 
 Per call (graph_compiler's `call`), each such input that is a whole float32 tpu tensor is handed to the program
 as an int64 key naming its packed copy, packed now if it is new or was written since (Buffer.version); the
-program is traced once per set of keyed inputs. HF_TPU_PACKED_WEIGHTS=0 turns it off."""
+program is traced once per set of keyed inputs. HF_TPU_PACKED_WEIGHTS=0 turns it off, as does
+HF_TPU_TORCH_DOTS=all (float32 dots by PyTorch's matmul, for its bits: torch_dot_ffi.py)."""
 
 from __future__ import annotations
 
@@ -50,7 +51,7 @@ _UNPACK_CHECK_ROWS = 64  # rows of the packed copy read back and compared when i
 @dataclasses.dataclass(frozen=True)
 class Use:
     transposed: bool  # read as weight.t() (an nn.Linear weight, stored out x in)
-    rows: int  # rows of the products (MKL packs for a row count)
+    rows: int  # rows of the products (MKL packs for a row count: the first graph's)
 
 
 def _val(node: Any) -> Any:
@@ -195,7 +196,7 @@ class GraphPacking:
 
 def for_graph(gm: torch.fx.GraphModule) -> GraphPacking | None:
     """The graph's packing, or None when no input of it may be packed (or packing is off or unavailable)."""
-    if not ENABLED:
+    if not ENABLED or "float32" in torch_dot_ffi.DTYPES:  # HF_TPU_TORCH_DOTS=all asked for PyTorch's own bits
         return None
     uses, transposes, dots = graph_uses(gm)
     if not uses or not available():
@@ -246,6 +247,7 @@ class _Entry:
     device: Any = None
     key_array: Any = None  # the key as a 0-d JAX array on the weight's device (what the program takes)
     freed: bool = False
+    finalizer: Any = None  # weakref.finalize freeing the copy with its buffer
 
     def free(self) -> None:
         if self.key is None or self.freed:
@@ -272,13 +274,17 @@ def _key(t: torch.Tensor, use: Use) -> tuple[Any, bool] | None:
     with _lock:
         e = _entries.get(buf)
         if e is None or e.version != buf.version:  # new, or written since it was packed
-            if e is not None:
-                e.free()
+            if e is not None and e.finalizer is not None:
+                e.finalizer()  # frees the stale copy now, once (and no longer when the buffer dies)
             e = _entries[buf] = _pack(buf, use)
             if e.key is not None:
-                weakref.finalize(buf, e.free)
-        if e.key is None or e.use != use:
-            return None  # not packable at this version, or packed for another form or row count
+                e.finalizer = weakref.finalize(buf, e.free)
+        if e.key is None or e.use.transposed != use.transposed:
+            return None  # not packable at this version, or packed for the other form
+        # (another row count takes the same copy: a generate() loop's prefill and decode graphs share it. MKL
+        # packs B for a row count, but cblas_sgemm_compute reads the layout the copy records: products of 1,
+        # 3, 100 and 200 rows from a copy packed for 64 matched a fresh copy's or were within float32's error,
+        # tests/hf_tpu/test_packed_weights.py)
         dropped = False
         if buf._array is not None and memory.holders(buf._array) == 1:  # packed now, or read back since
             _drop(buf, e)

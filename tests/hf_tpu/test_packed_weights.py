@@ -90,6 +90,19 @@ def test_inference_graph_computes_from_packed_copies_and_drops_the_arrays() -> N
     assert T.payload(tpu.up.weight).buf._array is None
 
 
+def test_graphs_of_other_row_counts_share_the_packed_copies() -> None:
+    # a generate() loop: a prefill graph, then decode graphs of one row; none rebuilds a dropped array
+    cpu, tpu, _ = _pair()
+    compiled = torch.compile(tpu, backend="tpu")
+    before = packed_weights.calls()
+    with torch.no_grad():
+        for shape in ((2, 32), (1, 1), (1, 3), (2, 32), (1, 1)):
+            ids = torch.randint(0, 300, shape)
+            _close(compiled(ids.to("tpu")), cpu(ids))
+            assert T.payload(tpu.up.weight).buf._array is None
+    assert packed_weights.calls() - before == 5 * PACKED_PER_CALL
+
+
 def test_a_write_is_seen_by_the_next_call() -> None:
     cpu, tpu, ids = _pair()
     compiled = torch.compile(tpu, backend="tpu")
