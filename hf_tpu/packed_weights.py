@@ -260,6 +260,7 @@ class _Entry:
 
 
 _entries: weakref.WeakKeyDictionary[Any, _Entry] = weakref.WeakKeyDictionary()  # Buffer -> its packed copy
+_read_elsewhere: weakref.WeakSet[Any] = weakref.WeakSet()  # Buffers whose dropped array something read back
 _keys = itertools.count(1)
 _lock = threading.Lock()
 
@@ -273,6 +274,11 @@ def _key(t: torch.Tensor, use: Use) -> tuple[Any, bool] | None:
         return None
     with _lock:
         e = _entries.get(buf)
+        if buf in _read_elsewhere:  # see _unpacked
+            if e is not None and e.finalizer is not None:
+                e.finalizer()
+                del _entries[buf]
+            return None
         if e is None or e.version != buf.version:  # new, or written since it was packed
             if e is not None and e.finalizer is not None:
                 e.finalizer()  # frees the stale copy now, once (and no longer when the buffer dies)
@@ -343,14 +349,21 @@ def _device(arr: Any) -> Any:
 
 def _drop(buf: Any, e: _Entry) -> None:
     """Let the weight's array go; the next reader rebuilds it from the packed copy."""
-    buf.defer(functools.partial(_unpacked, e, tuple(buf.shape)), buf.shape)
+    buf.defer(functools.partial(_unpacked, e, tuple(buf.shape), weakref.ref(buf)), buf.shape)
     e.version = buf.version  # defer moved it; the values did not change
 
 
-def _unpacked(e: _Entry, shape: tuple[int, ...]) -> Any:
-    """The weight's array, rebuilt from its packed copy (Buffer loader)."""
+def _unpacked(e: _Entry, shape: tuple[int, ...], buf_ref: Callable[[], Any]) -> Any:
+    """The weight's array, rebuilt from its packed copy (Buffer loader). The weight is then never dropped again:
+    something besides the inference graphs reads it (eager ops of the same model, a graph break's eager code,
+    a training step, a save), and each rebuild costs identity GEMMs over the whole weight (GPT-2's layers
+    ~1.2 s), which a model used both ways would pay on every alternation. Its copy is freed at the next
+    inference call, which takes XLA's dot for it from then on."""
     import numpy as np
 
+    buf = buf_ref()
+    if buf is not None:
+        _read_elsewhere.add(buf)
     if e.freed:
         raise RuntimeError("hf_tpu: a packed weight's copy was freed before its array was rebuilt")
     kn = np.empty((e.k, e.n), np.float32)
