@@ -105,7 +105,9 @@ PAIRED = PRELUDE + r"""
 repeats, fused, compiled = rest
 import hf_tpu
 tpu = copy.deepcopy(cpu).to("tpu")
-comp = torch.compile(tpu, backend="tpu") if compiled else None
+# the compiled model is a copy of its own: a compiled inference graph drops the arrays of the weights it packs
+# (hf_tpu/packed_weights.py), and eager forwards of the same weights would read them back and end the packing
+comp = torch.compile(copy.deepcopy(cpu).to("tpu"), backend="tpu") if compiled else None
 ids = torch.randint(0, cpu.config.vocab_size, (1, seq))
 ids_t = ids.to("tpu")
 ratios, fratios, cratios = [], [], []

@@ -126,7 +126,7 @@ def _aot(gm: torch.fx.GraphModule, example_inputs: list[Any], options: dict, **k
     # with dynamic sizes skip AOTAutograd's cache
     compiler = functools.partial(graph_compiler.compile_graph, options=options)
     with _memory_format_without_guards() if dynamic else contextlib.nullcontext(), unsafe_view_fix.tracing():
-        return aot_autograd(fw_compiler=compiler,
+        return aot_autograd(fw_compiler=compiler, inference_compiler=functools.partial(compiler, inference=True),
                             bw_compiler=functools.partial(backward_pieces.compile_backward, options=options),
                             decompositions=graph_compiler.decompositions(),
                             partition_fn=compile_options.partition_fn())(

@@ -289,18 +289,21 @@ def _padded_plan(gm: torch.fx.GraphModule, example_inputs: list[Any], options: d
         return None
 
 
-def compile_graph(gm: torch.fx.GraphModule, example_inputs: list[Any], options: dict[str, Any] | None = None
-                  ) -> Callable[..., Any]:
-    """`options`: TorchTPU's compile options (compile_options.py); the bucket ones shape bounded dynamism."""
-    from hf_tpu import runtime
+def compile_graph(gm: torch.fx.GraphModule, example_inputs: list[Any], options: dict[str, Any] | None = None,
+                  inference: bool = False) -> Callable[..., Any]:
+    """`options`: TorchTPU's compile options (compile_options.py); the bucket ones shape bounded dynamism.
+    `inference`: a graph AOTAutograd compiled for inference (no backward reads its inputs), whose float32
+    weights may be packed (packed_weights.py)."""
+    from hf_tpu import packed_weights, runtime
 
     jax = runtime.jax()  # installs the persistent-cache listener (counters.py) too
     # the nodes' lowerings are looked up now: a program is shared only if they are the package's own now
     # and when it is traced (graph_ident checks then)
     own = graph_ident.own_lowerings()
     plan = _padded_plan(gm, example_inputs, options)
+    packing = packed_weights.for_graph(gm) if inference and plan is None else None
     if plan is None:
-        fn = to_jax_function(gm)
+        fn = to_jax_function(gm, packing.wrap_node if packing is not None else None)
     else:  # one program per bucket: the real sizes are its first (traced) argument
         fn = plan.wrap(to_jax_function(gm, plan.wrap_node, return_infos=False))
         counters.bump("padded_graphs")
@@ -343,8 +346,8 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: list[Any], options: 
         finally:
             rng.set_state(before)
 
-    def get(prec: str) -> Any:
-        if prec not in jitted:
+    def get(prec: str, keyed: tuple[int, ...]) -> Any:
+        if (prec, keyed) not in jitted:
             def with_precision(*args: Any) -> Any:
                 with precision.forced(prec):
                     return traced(*args)
@@ -352,17 +355,23 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: list[Any], options: 
             # a whole graph: XLA's default optimisation, never the eager ops' fast compile (xla_options.py);
             # named for the executable cache when it can be (graph_ident.py: a graph cache hit then lowers nothing)
             ident = None if static or plan is not None or random or not own else graph_ident.graph_ident(gm, prec)
-            jitted[prec] = xla_options.jit_full(with_precision, ident=ident, static_argnums=static)
-        return jitted[prec]
+            if ident is not None and keyed:  # inputs handed over as packed weights' keys: another program
+                ident = f"{ident}|packed={','.join(map(str, keyed))}"
+            jitted[prec, keyed] = xla_options.jit_full(with_precision, ident=ident, static_argnums=static)
+        return jitted[prec, keyed]
 
     wait = runtime.await_graph_programs()
 
     def call(args: list[Any]) -> list[Any]:
         on_tpu = any(T.is_tpu(a) for a in args)
         fused.current_op = COMPILED_GRAPH  # what a pending input's graph runs for (fused mode's stats)
+        # packed weights' keys first: T.value of a weight whose array was dropped would rebuild it
+        keys = packing.keys(args) if packing is not None else {}
         jargs = []
-        for a in args:
-            if isinstance(a, torch.Tensor):
+        for i, a in enumerate(args):
+            if i in keys:
+                jargs.append(keys[i])
+            elif isinstance(a, torch.Tensor):
                 jargs.append(T.value(a) if a.device.type == "tpu" else host_copy.from_cpu(a))
             else:
                 jargs.append(a)
@@ -375,11 +384,12 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: list[Any], options: 
             jargs.append(rng.ENV.get_and_rotate_prng_key())
         before = counters.count("compilations")
         start = time.perf_counter()
-        program = get(precision.current())
+        program = get(precision.current(), tuple(keys))
         held = getattr(program, "executables", None)
         held = held() if held is not None else None
         out = program(*jargs)
-        if wait:  # XLA:CPU would keep the finished program's buffers (runtime.await_graph_programs)
+        # (a program reading packed copies is awaited always: a later write may free the copy it reads)
+        if wait or keys:  # XLA:CPU would keep the finished program's buffers (runtime.await_graph_programs)
             jax.block_until_ready(out)
         if error_checks:
             out, infos = out

@@ -103,6 +103,28 @@ def release(array: Any) -> None:
     _release()
 
 
+def hold_bytes(n: int, index: int = 0) -> None:
+    """Memory a tensor's numbers occupy outside any JAX array (a weight's packed copy, packed_weights.py, which
+    replaces its array), counted as one allocation."""
+    with _lock:
+        s = _by_device[index]
+        s[0] += n
+        s[2] += n
+        s[4] += 1
+        s[6] += 1
+        s[1], s[5] = max(s[1], s[0]), max(s[5], s[4])
+
+
+def release_bytes(n: int, index: int = 0) -> None:
+    """hold_bytes' memory freed."""
+    with _lock:
+        s = _by_device[index]
+        s[0] -= n
+        s[3] += n
+        s[4] -= 1
+        s[7] += 1
+
+
 def _selected(index: int | None) -> list[list[int]]:
     return _by_device if index is None else [_by_device[devices.check_index(index)]]
 

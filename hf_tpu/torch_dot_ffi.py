@@ -34,8 +34,9 @@ from typing import Any
 from hf_tpu import executable_cache, runtime
 
 SOURCE = Path(__file__).with_name("native") / "torch_dot.cpp"
+SOURCES = (SOURCE, SOURCE.with_name("packed_dot.cpp"))  # packed_dot.cpp: packed_weights.py's handlers
 TARGETS = ("hf_tpu_torch_mm", "hf_tpu_torch_addmm", "hf_tpu_torch_log_softmax", "hf_tpu_torch_log_softmax_backward",
-           "hf_tpu_torch_fused_adam")
+           "hf_tpu_torch_fused_adam", "hf_tpu_packed_mm", "hf_tpu_packed_addmm")
 # Which dots go to PyTorch (in eager op programs, fused and compiled graphs alike), by HF_TPU_TORCH_DOTS: "1" (the default)
 # bfloat16 ones, "all" float32 ones too, "0" none. Measured on this 2-core AMX-BF16 host
 # (benchmarks/torch_dots_bench.py, the fastest of many calls, so the nearest to a quiet machine): bfloat16
@@ -61,7 +62,7 @@ _state: dict[str, Any] = {"registered": False, "reason": "not loaded yet"}
 def _module_name() -> str:
     import torch
 
-    h = hashlib.sha256(SOURCE.read_bytes())
+    h = hashlib.sha256(b"".join(src.read_bytes() for src in SOURCES))
     h.update(f"{torch.__version__}|{runtime.jax().__version__}|{sys.version}|{sys.platform}".encode())
     return f"hf_tpu_torch_dot_{h.hexdigest()[:12]}"
 
@@ -76,7 +77,7 @@ def _load() -> ctypes.CDLL:
         directory.mkdir(parents=True, exist_ok=True)
         print(f"hf_tpu: building the torch-dot XLA handlers once for this machine into {directory} ...",
               file=sys.stderr, flush=True)
-        cpp_extension.load(name=name, sources=[str(SOURCE)], build_directory=str(directory),
+        cpp_extension.load(name=name, sources=[str(src) for src in SOURCES], build_directory=str(directory),
                            extra_cflags=["-O2"], extra_include_paths=[runtime.jax().ffi.include_dir()],
                            is_python_module=False, verbose=False)
         done.write_text("ok\n")
@@ -109,6 +110,11 @@ def ensure() -> bool:
             return False
         _state.update(registered=True, reason="", lib=lib)
         return True
+
+
+def library() -> ctypes.CDLL | None:
+    """The loaded handler library (its C entry points), or None when it cannot be loaded (see ensure)."""
+    return _state["lib"] if ensure() else None
 
 
 def status() -> dict[str, Any]:

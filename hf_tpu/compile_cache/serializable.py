@@ -40,6 +40,7 @@ class TpuOutputCode(OutputCode):
     gm: torch.fx.GraphModule | None = None
     graph_bytes: bytes | None = None
     backward: bool = False  # a backward graph: compiled in pieces (backward_pieces.py)
+    inference: bool = False  # compiled for inference: its weights may be packed (packed_weights.py)
     _run: Callable[[list[Any]], Any] | None = dataclasses.field(default=None, repr=False)
 
     def __post_init__(self) -> None:
@@ -58,8 +59,9 @@ class TpuOutputCode(OutputCode):
     def compile(self, example_inputs: list[Any]) -> Callable[[list[Any]], Any]:
         from hf_tpu import backward_pieces, graph_compiler
 
-        compile_fn = backward_pieces.compile_backward if self.backward else graph_compiler.compile_graph
-        return compile_fn(self.gm, example_inputs)
+        if self.backward:
+            return backward_pieces.compile_backward(self.gm, example_inputs)
+        return graph_compiler.compile_graph(self.gm, example_inputs, inference=self.inference)
 
     def __call__(self, *inputs: Any) -> Any:
         # boxed (one list) from AOTAutograd's wrappers; unboxed through SerializableCompiledFunction's
@@ -203,11 +205,11 @@ def seeded_ops(gm: torch.fx.GraphModule) -> list[str]:
             and isinstance(n.target, torch._ops.OpOverload) and torch.Tag.nondeterministic_seeded in n.target.tags]
 
 
-def _make_output_code(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], backward: bool = False
-                      ) -> TpuOutputCode:
+def _make_output_code(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], backward: bool = False,
+                      inference: bool = False) -> TpuOutputCode:
     if _seeded_records:
         _seeded_records[-1].extend(seeded_ops(gm))
-    code = TpuOutputCode(gm=gm, backward=backward)
+    code = TpuOutputCode(gm=gm, backward=backward, inference=inference)
     code._run = code.compile(list(example_inputs))
     return code
 
@@ -245,8 +247,10 @@ def serializable_aot_autograd(gm: torch.fx.GraphModule, example_inputs: list[Any
     # two instances: AOTAutograd wraps the backward compiler's function in place
     fw = SerializableAOTDispatchCompiler(TpuOutputCode, _make_output_code)
     bw = SerializableAOTDispatchCompiler(TpuOutputCode, functools.partial(_make_output_code, backward=True))
+    inference = SerializableAOTDispatchCompiler(TpuOutputCode, functools.partial(_make_output_code, inference=True))
     with torch._functorch.config.patch(bundled_autograd_cache=True), unsafe_view_fix.tracing():
-        return aot_autograd(fw_compiler=fw, bw_compiler=bw, decompositions=graph_compiler.decompositions(),
+        return aot_autograd(fw_compiler=fw, bw_compiler=bw, inference_compiler=inference,
+                            decompositions=graph_compiler.decompositions(),
                             partition_fn=compile_options.partition_fn())(
             gm, example_inputs, **kwargs)
 
