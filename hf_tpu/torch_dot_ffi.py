@@ -79,6 +79,7 @@ def _load() -> ctypes.CDLL:
               file=sys.stderr, flush=True)
         cpp_extension.load(name=name, sources=[str(src) for src in SOURCES], build_directory=str(directory),
                            extra_cflags=["-O2"], extra_include_paths=[runtime.jax().ffi.include_dir()],
+                           extra_ldflags=["-ldl"],  # packed_dot.cpp's dlopen/dlsym (in libc from glibc 2.34)
                            is_python_module=False, verbose=False)
         done.write_text("ok\n")
     return ctypes.CDLL(str(path))
