@@ -18,10 +18,10 @@ from typing import Any
 
 import torch
 
-# foreach_ops, mm_grad_layout, optim_lowerings, serialization, storage_ops and view_ops register eager kernels
+# foreach_ops, optim_lowerings, packed_eager, serialization, storage_ops and view_ops register eager kernels
 # (op_registry) when imported
 from hf_tpu import (debug_checks, devices, foreach_ops, functionalize, fused, lowering,  # noqa: F401
-                    mm_grad_layout, op_registry, optim_lowerings, runtime, serialization, storage_ops, view_ops)
+                    op_registry, optim_lowerings, packed_eager, runtime, serialization, storage_ops, view_ops)
 from hf_tpu import tensor as T
 from hf_tpu.eager_functional import mixed_device_error, run_functional
 from hf_tpu.errors import TpuOpError  # noqa: F401 - re-exported: callers catch dispatch.TpuOpError

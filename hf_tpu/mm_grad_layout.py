@@ -22,16 +22,14 @@ import torch
 
 from hf_tpu import tensor as T
 from hf_tpu.eager_functional import run_functional
-from hf_tpu.op_registry import lowers
 
 aten = torch.ops.aten
 # the backward nodes whose mm is mm_mat2_backward's, and the name their saved mat1 has
 _MAT1 = {"MmBackward0": "_saved_self", "AddmmBackward0": "_saved_mat1"}
 
 
-@lowers(aten.mm.default, kind="eager")
 def mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """aten.mm on tpu in eager mode (the module's docstring)."""
+    """aten.mm on tpu in eager mode (the module's docstring; packed_eager.mm, registered for aten.mm, calls it)."""
     node = torch._C._current_autograd_node()
     if node is not None and _weight_gradient(node, a, b):
         return run_functional(aten.mm.default, (b.t(), a.t()), {}).t()
@@ -51,10 +49,10 @@ def _weight_gradient(node: Any, a: torch.Tensor, b: torch.Tensor) -> bool:
         return False
     if mat1.device.type != "tpu" or mat2.device.type != "tpu" or tuple(a.shape) != tuple(mat1.shape)[::-1]:
         return False
-    return _is_transposed_whole(a, T.payload(mat1).buf) and _is_transposed_whole(mat2, None)
+    return is_transposed_whole(a, T.payload(mat1).buf) and is_transposed_whole(mat2, None)
 
 
-def _is_transposed_whole(t: torch.Tensor, buf: Any) -> bool:
+def is_transposed_whole(t: torch.Tensor, buf: Any) -> bool:
     """t (2-D) is the transpose of its whole buffer read as a matrix (of `buf`, when given): one view step
     (sizes (c, r), strides (1, c), offset 0) over r * c elements, whatever the buffer's own shape (a 3-D
     activation flattened to rows)."""

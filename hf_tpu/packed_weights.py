@@ -252,6 +252,8 @@ class _Entry:
     def free(self) -> None:
         if self.key is None or self.freed:
             return
+        for wait in before_free:  # programs still queued may read the copy
+            wait()
         self.freed = True
         lib = _lib()
         if lib is not None:
@@ -263,6 +265,9 @@ _entries: weakref.WeakKeyDictionary[Any, _Entry] = weakref.WeakKeyDictionary()  
 _read_elsewhere: weakref.WeakSet[Any] = weakref.WeakSet()  # Buffers whose dropped array something read back
 _keys = itertools.count(1)
 _lock = threading.Lock()
+# Called before a packed copy is freed, to wait for the programs that may still read it: eager's packed dots
+# run asynchronously (packed_eager.py); a compiled graph's call waits for its program itself.
+before_free: list[Callable[[], None]] = []
 
 
 def _key(t: torch.Tensor, use: Use) -> tuple[Any, bool] | None:
@@ -296,6 +301,53 @@ def _key(t: torch.Tensor, use: Use) -> tuple[Any, bool] | None:
             _drop(buf, e)
             dropped = True
         return e.key_array, dropped
+
+
+def dropped_key(buf: Any, transposed: bool) -> Any | None:
+    """The key array of buf's packed copy when its array is dropped (nothing read it back since), the copy is of
+    buf's version and was packed in this form (whole or transposed); else None. For packed_eager.py."""
+    e = _entries.get(buf)
+    if e is None or e.key is None or e.version != buf.version or buf._array is not None \
+            or e.use.transposed != transposed:
+        return None
+    return e.key_array
+
+
+def may_pack(buf: Any) -> bool:
+    """Whether buf's weight may still be packed: it was not read back from a copy (_unpacked), and not found
+    unpackable at its present version. For packed_eager.py."""
+    if buf in _read_elsewhere:
+        return False
+    e = _entries.get(buf)
+    return e is None or e.key is not None or e.version != buf.version
+
+
+def forget(buf: Any) -> None:
+    """Free buf's packed copy, its array rebuilt first if it is still dropped. For packed_eager.py."""
+    with _lock:
+        e = _entries.pop(buf, None)
+    if e is None:
+        return
+    if e.key is not None and e.version == buf.version and buf._array is None:
+        buf.array  # noqa: B018 - runs the loader: the array back from the copy before the copy goes
+    if e.finalizer is not None:
+        e.finalizer()
+
+
+def pack_now(buf: Any, use: Use) -> Any | None:
+    """Pack buf's weight now and drop its array (packed_eager.py, once a weight proved to be read by dots
+    alone): the copy's key array, or None when the weight cannot be packed (remembered for this version)."""
+    with _lock:
+        e = _entries.get(buf)
+        if e is not None and e.finalizer is not None:
+            e.finalizer()
+        e = _entries[buf] = _pack(buf, use)
+        if e.key is None:
+            return None
+        e.finalizer = weakref.finalize(buf, e.free)
+        _drop(buf, e)
+    _trim()
+    return e.key_array
 
 
 def _exact(w: Any) -> bool:

@@ -52,7 +52,7 @@ HF_TPU_LAYERS: list[tuple[str, list[str]]] = [
     ("eager functional ops: their dtypes, their programs; foreach ops as one program",
      ["hf_tpu.op_dtypes", "hf_tpu.eager_functional", "hf_tpu.foreach_ops"]),
     ("eager in-place, view and storage ops",
-     ["hf_tpu.functionalize", "hf_tpu.donated_add", "hf_tpu.mm_grad_layout", "hf_tpu.view_ops", "hf_tpu.storage_ops"]),
+     ["hf_tpu.functionalize", "hf_tpu.donated_add", "hf_tpu.mm_grad_layout", "hf_tpu.packed_eager", "hf_tpu.view_ops", "hf_tpu.storage_ops"]),
     ("eager dispatch (routing); the graph compiler", ["hf_tpu.dispatch", "hf_tpu.graph_ident", "hf_tpu.graph_outputs",
                                                       "hf_tpu.graph_compiler", "hf_tpu.backward_pieces",
                                                       "hf_tpu.unsafe_view_fix"]),
