@@ -375,7 +375,7 @@ def _pack(buf: Any, use: Use) -> _Entry:
     n, k = (w.shape[0], w.shape[1]) if use.transposed else (w.shape[1], w.shape[0])
     lib = _lib()
     key = next(_keys)
-    if not lib.hf_tpu_packed_pack(key, w.ctypes.data, n, k, int(use.transposed), use.rows):
+    if not lib.hf_tpu_packed_pack(key, w.ctypes.data, n, k, int(use.transposed), max(use.rows, 1)):
         return _Entry(None, version)
     device = _device(arr)
     # a JAX array, made once: executable_cache.Program serves saved executables to calls of JAX arrays only
