@@ -4,7 +4,8 @@ Why (issue 31): a compiled GPT-2 forward on XLA:CPU is ~95% float32 dots, and XL
 weight operand on every call, ~38% of its dot time; PyTorch's oracle runs the same GEMMs through MKL. Packing a
 weight once (MKL's cblas_sgemm_pack) and computing every later product from the packed copy
 (cblas_sgemm_compute, an XLA FFI handler in native/packed_dot.cpp writing straight into XLA's result buffer)
-takes the forward from ~1.0x to ~0.85x of CPU eager's time (benchmarks/eager_bench.py). To keep memory where
+took the forward from 0.98x to 0.82-0.85x of CPU eager's time, paired in one process on a quiet host (on a host
+running at half speed: no measurable gain, docs/device.md's figures). To keep memory where
 it was, the weight's array is dropped once its packed copy exists, and rebuilt from the copy when anything else
 reads it (Buffer.defer: the rebuilt array holds the weight's bits, see _exact below).
 
