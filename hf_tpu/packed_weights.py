@@ -266,6 +266,7 @@ _entries: weakref.WeakKeyDictionary[Any, _Entry] = weakref.WeakKeyDictionary()  
 _read_elsewhere: weakref.WeakSet[Any] = weakref.WeakSet()  # Buffers whose dropped array something read back
 _keys = itertools.count(1)
 _lock = threading.Lock()
+_warned = False  # _unpacked's warning given in this process
 # Called before a packed copy is freed, to wait for the programs that may still read it: eager's packed dots
 # run asynchronously (packed_eager.py); a compiled graph's call waits for its program itself.
 before_free: list[Callable[[], None]] = []
@@ -414,9 +415,20 @@ def _unpacked(e: _Entry, shape: tuple[int, ...], buf_ref: Callable[[], Any]) -> 
     inference call, which takes XLA's dot for it from then on."""
     import numpy as np
 
+    global _warned
     buf = buf_ref()
     if buf is not None:
         _read_elsewhere.add(buf)
+    if not _warned:
+        _warned = True
+        import warnings
+
+        # the cost grows with the weights' size times their input width: seconds for GPT-2's layers, minutes
+        # for a 7B model's: say once what is happening and how to avoid it
+        warnings.warn("hf_tpu: a weight packed for inference is read again (state_dict, .cpu(), eager ops, a "
+                      "training step): its array is rebuilt from the packed copy by identity products (~1.2 s "
+                      "for GPT-2 124M's layers, longer for wider models), and such weights keep their arrays "
+                      "from now on. Set HF_TPU_PACKED_WEIGHTS=0 to never pack.", RuntimeWarning, stacklevel=2)
     if e.freed:
         raise RuntimeError("hf_tpu: a packed weight's copy was freed before its array was rebuilt")
     kn = np.empty((e.k, e.n), np.float32)

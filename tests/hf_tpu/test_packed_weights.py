@@ -80,9 +80,12 @@ def test_inference_graph_computes_from_packed_copies_and_drops_the_arrays() -> N
     for w in (tpu.up.weight, tpu.down.weight, tpu.conv_w):
         assert T.payload(w).buf._array is None, "the packed weight's array was kept"
     assert T.payload(tpu.emb.weight).buf._array is not None, "the tied embedding lost its array"
-    # read back (state_dict, .cpu()): the weights' own bits, rebuilt from the packed copies
-    for name, value in tpu.state_dict().items():
-        assert torch.equal(value.cpu().view(torch.int32), cpu.state_dict()[name].view(torch.int32)), name
+    # read back (state_dict, .cpu()): the weights' own bits, rebuilt from the packed copies, with a warning
+    # saying so once per process
+    packed_weights._warned = False
+    with pytest.warns(RuntimeWarning, match="rebuilt from the packed copy"):
+        for name, value in tpu.state_dict().items():
+            assert torch.equal(value.cpu().view(torch.int32), cpu.state_dict()[name].view(torch.int32)), name
     # read elsewhere, they keep their arrays from now on (no rebuild on every alternation) and XLA's dot
     with torch.no_grad():
         _close(compiled(ids.to("tpu")), want)
