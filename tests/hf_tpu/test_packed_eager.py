@@ -14,6 +14,7 @@ import torch
 import hf_tpu
 from hf_tpu import packed_weights, runtime
 from hf_tpu import tensor as T
+from tests.hf_tpu.packed_models import Model, close, pair
 
 pytestmark = pytest.mark.skipif(not packed_weights.ENABLED or not packed_weights.available(),
                                 reason="no MKL packed GEMM in this PyTorch (ARM), or HF_TPU_PACKED_WEIGHTS=0")
@@ -27,27 +28,6 @@ def _highest() -> None:
     torch.set_float32_matmul_precision(before)
 
 
-class Model(torch.nn.Module):
-    """A tied embedding and LM head (nn.Linear: `mm(x, weight.t())`), two nn.Linear weights (`addmm` with a bias,
-    `mm` without), and a Conv1D-style weight (in x out, `torch.addmm`)."""
-
-    def __init__(self, vocab: int = 300, d: int = 256, ff: int = 512) -> None:
-        super().__init__()
-        self.emb = torch.nn.Embedding(vocab, d)
-        self.up = torch.nn.Linear(d, ff)
-        self.down = torch.nn.Linear(ff, d, bias=False)
-        self.conv_w = torch.nn.Parameter(torch.randn(d, d) * 0.05)
-        self.conv_b = torch.nn.Parameter(torch.randn(d) * 0.05)
-        self.head = torch.nn.Linear(d, vocab, bias=False)
-        self.head.weight = self.emb.weight
-
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        h = self.emb(ids)
-        h = h + self.down(torch.nn.functional.gelu(self.up(h)))
-        h = torch.addmm(self.conv_b, h.view(-1, h.shape[-1]), self.conv_w).view(h.shape)
-        return self.head(torch.tanh(h))
-
-
 PACKED = ("up", "down", "conv_w")  # the tied head stays XLA's
 
 
@@ -55,31 +35,19 @@ def _weights(m: Model) -> dict[str, torch.Tensor]:
     return {"up": m.up.weight, "down": m.down.weight, "conv_w": m.conv_w}
 
 
-def _pair() -> tuple[Model, Model, torch.Tensor]:
-    torch.manual_seed(0)
-    cpu = Model().eval()
-    tpu = Model().eval()
-    tpu.load_state_dict(cpu.state_dict())
-    return cpu, tpu.to("tpu"), torch.randint(0, 300, (2, 32))
-
-
-def _close(got: torch.Tensor, want: torch.Tensor) -> None:
-    torch.testing.assert_close(got.cpu(), want, rtol=1e-5, atol=1e-5 * float(want.abs().max()))
-
-
 def _dropped(t: torch.Tensor) -> bool:
     return T.payload(t).buf._array is None and packed_weights._entries.get(T.payload(t).buf) is not None
 
 
 def test_second_forward_packs_and_later_ones_compute_from_the_copies() -> None:
-    cpu, tpu, ids = _pair()
+    cpu, tpu, ids = pair()
     ids_t = ids.to("tpu")
     with torch.no_grad():
         want = cpu(ids)
         counts = []
         for _ in range(4):
             before = packed_weights.calls()
-            _close(tpu(ids_t), want)
+            close(tpu(ids_t), want)
             counts.append(packed_weights.calls() - before)
     # the first forward watches, the second packs (each weight at its dot) and computes from the copies
     assert counts == [0, len(PACKED), len(PACKED), len(PACKED)]
@@ -93,7 +61,7 @@ def test_second_forward_packs_and_later_ones_compute_from_the_copies() -> None:
 
 
 def test_a_weight_read_back_keeps_its_array_and_xlas_dot() -> None:
-    cpu, tpu, ids = _pair()
+    cpu, tpu, ids = pair()
     ids_t = ids.to("tpu")
     with torch.no_grad():
         want = cpu(ids)
@@ -103,7 +71,7 @@ def test_a_weight_read_back_keeps_its_array_and_xlas_dot() -> None:
         counts = []
         for _ in range(3):
             before = packed_weights.calls()
-            _close(tpu(ids_t), want)
+            close(tpu(ids_t), want)
             counts.append(packed_weights.calls() - before)
     assert counts == [len(PACKED) - 1] * 3
     assert T.payload(tpu.up.weight).buf._array is not None
@@ -111,7 +79,7 @@ def test_a_weight_read_back_keeps_its_array_and_xlas_dot() -> None:
 
 
 def test_a_write_is_seen_by_the_next_forward() -> None:
-    cpu, tpu, ids = _pair()
+    cpu, tpu, ids = pair()
     ids_t = ids.to("tpu")
     with torch.no_grad():
         for _ in range(3):
@@ -124,7 +92,7 @@ def test_a_write_is_seen_by_the_next_forward() -> None:
         counts = []
         for _ in range(3):  # XLA's dot (up watched again), then up packed again, then from the new copy
             before = packed_weights.calls()
-            _close(tpu(ids_t), cpu(ids))
+            close(tpu(ids_t), cpu(ids))
             counts.append(packed_weights.calls() - before)
     assert counts == [1, 2, 2]  # down throughout; up from the second forward; conv_w no more
     assert _dropped(tpu.up.weight)
@@ -132,7 +100,7 @@ def test_a_write_is_seen_by_the_next_forward() -> None:
 
 
 def test_training_keeps_xlas_dot() -> None:
-    cpu, tpu, ids = _pair()
+    cpu, tpu, ids = pair()
     cpu.train()
     tpu.train()
     # a Linear on an input that needs no gradient: its backward (the weight's gradient, grad.t() @ x) never
@@ -157,7 +125,7 @@ def test_training_keeps_xlas_dot() -> None:
 
 def test_other_precisions_keep_xlas_dot() -> None:
     torch.set_float32_matmul_precision("medium")
-    _, tpu, ids = _pair()
+    _, tpu, ids = pair()
     before = packed_weights.calls()
     with torch.no_grad():
         for _ in range(3):
@@ -167,11 +135,11 @@ def test_other_precisions_keep_xlas_dot() -> None:
 
 
 def test_fused_mode_keeps_xlas_dot() -> None:
-    cpu, tpu, ids = _pair()
+    cpu, tpu, ids = pair()
     before = packed_weights.calls()
     with torch.no_grad(), hf_tpu.defer_and_fuse():
         for _ in range(3):
-            _close(tpu(ids.to("tpu")), cpu(ids))
+            close(tpu(ids.to("tpu")), cpu(ids))
     assert packed_weights.calls() == before
     assert not _dropped(tpu.up.weight)
 
@@ -200,5 +168,5 @@ def test_a_copy_is_freed_only_after_the_queued_dots_reading_it() -> None:
         before = packed_weights.calls()
         y = torch.nn.functional.linear(xt, wt, bt)
         packed_weights.forget(T.payload(wt).buf)  # frees the copy now: must wait for y's program first
-        _close(y, torch.nn.functional.linear(x, w, b))
+        close(y, torch.nn.functional.linear(x, w, b))
     assert packed_weights.calls() == before + 1

@@ -17,6 +17,7 @@ import torch
 import hf_tpu  # noqa: F401 - registers the tpu device
 from hf_tpu import packed_weights
 from hf_tpu import tensor as T
+from tests.hf_tpu.packed_models import close, pair
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.skipif(not packed_weights.ENABLED or not packed_weights.available(),
@@ -32,50 +33,17 @@ def _highest() -> None:
     torch.set_float32_matmul_precision(before)
 
 
-class Model(torch.nn.Module):
-    """A tied embedding and LM head (the head's weight is read by the gather too: never packed), two nn.Linear
-    weights (read as weight.t()), one without bias, and a Conv1D-style weight (in x out, torch.addmm)."""
-
-    def __init__(self, vocab: int = 300, d: int = 256, ff: int = 512) -> None:
-        super().__init__()
-        self.emb = torch.nn.Embedding(vocab, d)
-        self.up = torch.nn.Linear(d, ff)
-        self.down = torch.nn.Linear(ff, d, bias=False)
-        self.conv_w = torch.nn.Parameter(torch.randn(d, d) * 0.05)
-        self.conv_b = torch.nn.Parameter(torch.randn(d) * 0.05)
-        self.head = torch.nn.Linear(d, vocab, bias=False)
-        self.head.weight = self.emb.weight
-
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        h = self.emb(ids)
-        h = h + self.down(torch.nn.functional.gelu(self.up(h)))
-        h = torch.addmm(self.conv_b, h.view(-1, h.shape[-1]), self.conv_w).view(h.shape)
-        return self.head(torch.tanh(h))
-
-
 PACKED_PER_CALL = 3  # up, down, conv_w; the tied head stays XLA's
 
 
-def _pair() -> tuple[Model, Model, torch.Tensor]:
-    torch.manual_seed(0)
-    cpu = Model().eval()
-    tpu = Model().eval()
-    tpu.load_state_dict(cpu.state_dict())
-    return cpu, tpu.to("tpu"), torch.randint(0, 300, (2, 32))
-
-
-def _close(got: torch.Tensor, want: torch.Tensor) -> None:
-    torch.testing.assert_close(got.cpu(), want, rtol=1e-5, atol=1e-5 * float(want.abs().max()))
-
-
 def test_inference_graph_computes_from_packed_copies_and_drops_the_arrays() -> None:
-    cpu, tpu, ids = _pair()
+    cpu, tpu, ids = pair()
     compiled = torch.compile(tpu, backend="tpu")
     before = packed_weights.calls()
     with torch.no_grad():
         want = cpu(ids)
         for _ in range(2):
-            _close(compiled(ids.to("tpu")), want)
+            close(compiled(ids.to("tpu")), want)
     assert packed_weights.calls() - before == 2 * PACKED_PER_CALL
     for w in (tpu.up.weight, tpu.down.weight, tpu.conv_w):
         assert T.payload(w).buf._array is None, "the packed weight's array was kept"
@@ -88,14 +56,14 @@ def test_inference_graph_computes_from_packed_copies_and_drops_the_arrays() -> N
             assert torch.equal(value.cpu().view(torch.int32), cpu.state_dict()[name].view(torch.int32)), name
     # read elsewhere, they keep their arrays from now on (no rebuild on every alternation) and XLA's dot
     with torch.no_grad():
-        _close(compiled(ids.to("tpu")), want)
-        _close(compiled(ids.to("tpu")), want)
+        close(compiled(ids.to("tpu")), want)
+        close(compiled(ids.to("tpu")), want)
     assert packed_weights.calls() - before == 2 * PACKED_PER_CALL
     assert T.payload(tpu.up.weight).buf._array is not None
 
 
 def test_eager_and_compiled_alternating_rebuild_once() -> None:
-    cpu, tpu, ids = _pair()
+    cpu, tpu, ids = pair()
     compiled = torch.compile(tpu, backend="tpu")
     rebuilt = []
     real = packed_weights._unpacked
@@ -105,10 +73,10 @@ def test_eager_and_compiled_alternating_rebuild_once() -> None:
             want = cpu(ids)
         for _ in range(3):
             with torch.no_grad():
-                _close(compiled(ids.to("tpu")), want)
+                close(compiled(ids.to("tpu")), want)
             # eager ops read the weights (with autograd recording: no-grad eager dots would compute from the
             # same packed copies, packed_eager.py)
-            _close(tpu(ids.to("tpu")).detach(), want)
+            close(tpu(ids.to("tpu")).detach(), want)
     finally:
         packed_weights._unpacked = real
     assert len(rebuilt) == PACKED_PER_CALL
@@ -116,19 +84,19 @@ def test_eager_and_compiled_alternating_rebuild_once() -> None:
 
 def test_graphs_of_other_row_counts_share_the_packed_copies() -> None:
     # a generate() loop: a prefill graph, then decode graphs of one row; none rebuilds a dropped array
-    cpu, tpu, _ = _pair()
+    cpu, tpu, _ = pair()
     compiled = torch.compile(tpu, backend="tpu")
     before = packed_weights.calls()
     with torch.no_grad():
         for shape in ((2, 32), (1, 1), (1, 3), (2, 32), (1, 1)):
             ids = torch.randint(0, 300, shape)
-            _close(compiled(ids.to("tpu")), cpu(ids))
+            close(compiled(ids.to("tpu")), cpu(ids))
             assert T.payload(tpu.up.weight).buf._array is None
     assert packed_weights.calls() - before == 5 * PACKED_PER_CALL
 
 
 def test_a_write_is_seen_by_the_next_call() -> None:
-    cpu, tpu, ids = _pair()
+    cpu, tpu, ids = pair()
     compiled = torch.compile(tpu, backend="tpu")
     with torch.no_grad():
         compiled(ids.to("tpu"))
@@ -137,12 +105,12 @@ def test_a_write_is_seen_by_the_next_call() -> None:
         tpu.up.weight.copy_(new.to("tpu"))
         cpu.conv_w.mul_(2)
         tpu.conv_w.mul_(2)  # a partial read-modify-write of a dropped array
-        _close(compiled(ids.to("tpu")), cpu(ids))
+        close(compiled(ids.to("tpu")), cpu(ids))
     assert torch.equal(tpu.conv_w.cpu(), cpu.conv_w)
 
 
 def test_training_graphs_keep_xlas_dot() -> None:
-    cpu, tpu, ids = _pair()
+    cpu, tpu, ids = pair()
     compiled = torch.compile(tpu, backend="tpu")
     before = packed_weights.calls()
     out = compiled(ids.to("tpu"))
@@ -155,7 +123,7 @@ def test_training_graphs_keep_xlas_dot() -> None:
 
 def test_other_precisions_keep_xlas_dot() -> None:
     torch.set_float32_matmul_precision("medium")
-    _, tpu, ids = _pair()
+    _, tpu, ids = pair()
     before = packed_weights.calls()
     with torch.no_grad():
         torch.compile(tpu, backend="tpu")(ids.to("tpu"))
@@ -165,12 +133,12 @@ def test_other_precisions_keep_xlas_dot() -> None:
 
 def test_weights_the_copy_cannot_rebuild_keep_their_arrays() -> None:
     # -0.0 would come back +0.0 from the packed copy: such a weight keeps its array and XLA's dot
-    cpu, tpu, ids = _pair()
+    cpu, tpu, ids = pair()
     with torch.no_grad():
         cpu.up.weight[0, 0] = -0.0
         tpu.up.weight.copy_(cpu.up.weight.to("tpu"))
         before = packed_weights.calls()
-        _close(torch.compile(tpu, backend="tpu")(ids.to("tpu")), cpu(ids))
+        close(torch.compile(tpu, backend="tpu")(ids.to("tpu")), cpu(ids))
     assert packed_weights.calls() - before == PACKED_PER_CALL - 1
     assert T.payload(tpu.up.weight).buf._array is not None
     assert torch.equal(tpu.up.weight.cpu().view(torch.int32), cpu.up.weight.view(torch.int32))
